@@ -1,0 +1,47 @@
+// Error helpers: every user-facing error names the op in brackets and says what
+// was expected and what was got, e.g. "[matmul] inner dims differ: a is [4, 8], b is [6, 3]".
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_to_string(const Shape& s);  // "[4, 8]"
+
+namespace detail {
+template <class T>
+void append(std::ostringstream& os, const T& v) {
+  if constexpr (std::is_same_v<T, Shape>) {
+    os << shape_to_string(v);
+  } else {
+    os << v;
+  }
+}
+template <class... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (append(os, args), ...);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace dtensor
+
+// The user's mistake: std::invalid_argument("[op] message").
+#define DT_CHECK_ARG(cond, op, ...)                                                      \
+  do {                                                                                   \
+    if (!(cond)) throw std::invalid_argument(::dtensor::detail::concat("[", op, "] ", __VA_ARGS__)); \
+  } while (0)
+
+// Not supported (build options, devices, missing features): std::runtime_error.
+#define DT_CHECK_SUPPORTED(cond, op, ...)                                                \
+  do {                                                                                   \
+    if (!(cond)) throw std::runtime_error(::dtensor::detail::concat("[", op, "] ", __VA_ARGS__)); \
+  } while (0)

@@ -1,0 +1,151 @@
+// Operations on local tensors. Each is a short free function: check the inputs,
+// promote dtypes, allocate the result, call the device's kernel table
+// (src/backend/kernels.h). Later the same names gain DistTensor overloads.
+//
+// Broadcasting follows NumPy: shapes are right-aligned and a dim of size 1 (or a
+// missing one) stretches. BF16/F16 inputs are computed in F32 and rounded back.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "dtensor/tensor.h"
+
+namespace dtensor {
+
+// ---- pointwise -------------------------------------------------------------------
+enum class UnaryOp : uint8_t {
+  Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluTanh, GeluErf, Silu, Square, Reciprocal,
+};
+enum class BinaryOp : uint8_t {
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
+  Eq, Ne, Lt, Le, Gt, Ge,  // comparisons give Bool
+};
+const char* op_name(UnaryOp op);
+const char* op_name(BinaryOp op);
+
+// The broadcast shape of a and b; throws naming `op` when they do not broadcast.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast");
+
+Tensor unary(UnaryOp op, const Tensor& a);
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+Tensor binary(BinaryOp op, const Tensor& a, double scalar);  // scalar keeps a's dtype
+
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+enum class GeluApprox : uint8_t { None, Tanh };  // None = exact erf form
+Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::None);
+Tensor silu(const Tensor& a);
+Tensor square(const Tensor& a);
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor sub(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor div(const Tensor& a, double s);
+Tensor pow(const Tensor& a, double s);
+Tensor maximum(const Tensor& a, double s);
+Tensor minimum(const Tensor& a, double s);
+// cond ? a : b, all three broadcast together; cond must be Bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+inline Tensor operator-(const Tensor& a, double s) { return sub(a, s); }
+inline Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+inline Tensor operator/(const Tensor& a, double s) { return div(a, s); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+
+// ---- reductions -------------------------------------------------------------------
+// `dims` empty means all dims. Negative dims allowed; duplicates are an error.
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// Variance with `correction` (0: population, 1: Bessel, as torch.var).
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
+           bool keepdim = false);
+// Index (I64) of the first maximum along one dim.
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
+
+// ---- linear algebra -------------------------------------------------------------
+// [..., m, k] @ [..., k, n] -> [..., m, n] with broadcast batch dims; 1-D operands are
+// promoted as in NumPy. Transposed views go to BLAS without copies.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x @ w^T + bias with w of shape [out, in] (the nn.Linear convention).
+Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias = std::nullopt);
+
+// ---- neural-network kernels ---------------------------------------------------------
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// Given y = softmax(x) (or log_softmax) and dL/dy, returns dL/dx.
+Tensor softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim);
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim);
+
+// Normalises over the trailing dims given by normalized_shape. weight/bias optional.
+struct NormResult {
+  Tensor out;
+  Tensor mean;  // layer_norm only; shape = leading dims
+  Tensor rstd;  // 1/sqrt(var + eps) (layer_norm) or 1/rms (rms_norm); shape = leading dims
+};
+NormResult layer_norm(const Tensor& x, const Shape& normalized_shape,
+                      const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+                      double eps = 1e-5);
+NormResult rms_norm(const Tensor& x, const Shape& normalized_shape,
+                    const std::optional<Tensor>& weight, double eps = 1e-6);
+struct NormGrads {
+  Tensor grad_input;
+  Tensor grad_weight;  // undefined when there was no weight
+  Tensor grad_bias;    // undefined when there was no bias
+};
+NormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const NormResult& saved,
+                              const Shape& normalized_shape, const std::optional<Tensor>& weight,
+                              bool has_bias);
+NormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const NormResult& saved,
+                            const Shape& normalized_shape, const std::optional<Tensor>& weight);
+
+// Derivatives of the pointwise activations: grad_out * f'(x).
+Tensor gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx = GeluApprox::None);
+Tensor silu_backward(const Tensor& grad_out, const Tensor& x);
+
+// table [V, D], ids integer of any shape -> [..., D]. Ids outside [0, V) are an error
+// unless `masked`: then they give zero rows (the vocab-parallel lookup).
+Tensor embedding(const Tensor& table, const Tensor& ids, bool masked = false);
+// Scatter-add of grad_out [..., D] into a [num_rows, D] gradient; masked ids are skipped.
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t num_rows,
+                          bool masked = false);
+
+// Mean (or sum) negative log-likelihood of integer targets under softmax(logits).
+// logits [N, C], targets [N] (I64/I32); targets equal to ignore_index do not count.
+enum class LossReduction : uint8_t { Mean, Sum, None };
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     LossReduction reduction = LossReduction::Mean, int64_t ignore_index = -100);
+// dL/dlogits for a scalar upstream gradient (Mean/Sum) or [N] gradient (None).
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              LossReduction reduction = LossReduction::Mean,
+                              int64_t ignore_index = -100);
+
+}  // namespace dtensor

@@ -1,0 +1,55 @@
+// The CPU kernel families (internal). cpu_kernels.cpp binds them into the CPU
+// Kernels table; each family lives in its own file:
+//   copy_fill.cpp   copy with dtype conversion, fill, random fills, arange
+//   pointwise.cpp   unary, binary, where
+//   reduce.cpp      sum/mean/max/min, var, argmax
+//   gemm.cpp        matmul through OpenBLAS
+//   nn.cpp          softmax, norms, activations' backward, embedding, cross-entropy
+#pragma once
+
+#include "backend/kernels.h"
+
+namespace dtensor::backend::cpu {
+
+void copy(const Tensor& src, Tensor& dst);
+void fill(Tensor& dst, double value);
+void fill_randn(Tensor& dst, uint64_t seed, uint64_t index_offset);
+void fill_rand(Tensor& dst, uint64_t seed, uint64_t index_offset);
+void arange(Tensor& dst, double start, double step);
+
+void unary(UnaryOp op, const Tensor& a, Tensor& out);
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out);
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out);
+
+void reduce(Kernels::Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out);
+void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, Tensor& out);
+void argmax(const Tensor& a, int64_t dim, Tensor& out);
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& out);
+
+void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out);
+void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log,
+                      Tensor& grad_in);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& out,
+                Tensor& mean, Tensor& rstd);
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& weight, Tensor& grad_in,
+                         Tensor& grad_weight, Tensor& grad_bias);
+void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out, Tensor& rstd);
+void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd,
+                       const Tensor& weight, Tensor& grad_in, Tensor& grad_weight);
+void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx, Tensor& grad_in);
+void silu_backward(const Tensor& grad_out, const Tensor& x, Tensor& grad_in);
+void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out);
+void embedding_backward(const Tensor& grad_out, const Tensor& ids, bool masked, Tensor& grad_table);
+void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                   Tensor& losses);
+void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets,
+                            int64_t ignore_index, Tensor& grad_logits);
+
+// OpenBLAS threads for this process: max(1, hardware threads / ranks on this host),
+// so simulated ranks (threads) or co-located processes do not oversubscribe cores.
+void configure_blas_threads(int ranks_on_host);
+int blas_threads();
+
+}  // namespace dtensor::backend::cpu

@@ -1,0 +1,61 @@
+// Kernel tables and memory primitives by device.
+#include "backend/kernels.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_runtime.h"
+
+namespace dtensor {
+
+std::string Device::to_string() const {
+  return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
+}
+int cuda_device_count() { return backend::cuda::device_count(); }
+bool cuda_is_available() { return cuda_device_count() > 0; }
+
+namespace backend {
+
+Kernels& cpu_kernels();  // cpu/cpu_kernels.cpp
+
+Kernels& kernels_for(Device device) {
+  if (device.is_cpu()) return cpu_kernels();
+  // CUDA memory exists (tensors can be made and moved with to(Device)); the CUDA
+  // kernels arrive with the CUDA backend.
+  throw std::runtime_error(detail::concat(
+      "[kernels] no kernels for ", device.to_string(),
+      " in this build: CUDA tensors can be created and copied with to(Device), "
+      "ops run on the CPU until the CUDA backend lands"));
+}
+
+void* device_allocate(Device device, size_t bytes) {
+  if (device.is_cuda()) return cuda::allocate(device.index, bytes);
+  constexpr size_t kAlign = 64;  // a cache line, and the widest vector register
+  void* ptr = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  if (!ptr) throw std::bad_alloc();
+  return ptr;
+}
+
+void device_free(Device device, void* ptr, size_t) {
+  if (device.is_cuda()) {
+    cuda::free(device.index, ptr);
+  } else {
+    std::free(ptr);
+  }
+}
+
+void device_memcpy(void* dst, Device dst_device, const void* src, Device src_device,
+                   size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  const cuda::CopyKind kind = src_device.is_cpu()   ? cuda::CopyKind::HostToDevice
+                              : dst_device.is_cpu() ? cuda::CopyKind::DeviceToHost
+                                                    : cuda::CopyKind::DeviceToDevice;
+  cuda::memcpy(dst, src, bytes, kind);
+}
+
+}  // namespace backend
+}  // namespace dtensor

@@ -1,0 +1,95 @@
+// The table of local kernels of one device kind (internal).
+//
+// The free functions in tensor_ops.h validate arguments, compute output shapes and
+// dtypes, allocate outputs and then call one of these. Kernels may therefore assume
+// valid arguments (checked with assert): same device, outputs allocated with the
+// right shape and dtype, inputs already broadcast (expanded) to the output's shape
+// where the op is pointwise. Inputs may be strided views; outputs are contiguous
+// unless stated otherwise.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/tensor.h"
+#include "dtensor/tensor_ops.h"
+
+namespace dtensor::backend {
+
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+
+  // dst[i] = src[i] with dtype conversion; same shape; dst may be strided.
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  virtual void fill(Tensor& dst, double value) = 0;
+  // Element i (row-major over dst's shape) = f(seed, index_offset + i).
+  virtual void fill_randn(Tensor& dst, uint64_t seed, uint64_t index_offset) = 0;
+  virtual void fill_rand(Tensor& dst, uint64_t seed, uint64_t index_offset) = 0;
+  virtual void arange(Tensor& dst, double start, double step) = 0;
+
+  // Pointwise. a (and b) have out's shape (broadcast via zero strides). For
+  // comparisons out is Bool and a, b share one dtype; otherwise all share out's dtype.
+  virtual void unary(UnaryOp op, const Tensor& a, Tensor& out) = 0;
+  virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) = 0;
+
+  // Reductions over `dims` (sorted, unique, non-empty); out has a's shape with
+  // those dims removed (no keepdim handling here).
+  enum class Reduce : uint8_t { Sum, Mean, Max, Min };
+  virtual void reduce(Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out) = 0;
+  virtual void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction,
+                   Tensor& out) = 0;
+  virtual void argmax(const Tensor& a, int64_t dim, Tensor& out) = 0;
+
+  // out[b] = a[b] @ b[b]: a [B, m, k], b [B, k, n] (any strides), out [B, m, n] contiguous.
+  // B may be broadcast through zero batch strides.
+  virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+
+  // Along `dim` of a contiguous-or-strided input; out contiguous with a's shape.
+  virtual void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) = 0;
+  virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log,
+                                Tensor& grad_in) = 0;
+
+  // x viewed as [rows, cols] (contiguous); weight/bias [cols] or undefined.
+  // mean/rstd are [rows] in x's dtype for F32/F64 and F32 for BF16/F16.
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                          Tensor& out, Tensor& mean, Tensor& rstd) = 0;
+  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& weight, Tensor& grad_in,
+                                   Tensor& grad_weight, Tensor& grad_bias) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out,
+                        Tensor& rstd) = 0;
+  virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd,
+                                 const Tensor& weight, Tensor& grad_in, Tensor& grad_weight) = 0;
+
+  virtual void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx,
+                             Tensor& grad_in) = 0;
+  virtual void silu_backward(const Tensor& grad_out, const Tensor& x, Tensor& grad_in) = 0;
+
+  // table [V, D]; ids flat [N] integer; out [N, D].
+  virtual void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out) = 0;
+  // grad_table [V, D] zeroed by the caller; grad_out [N, D]; ids [N].
+  virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, bool masked,
+                                  Tensor& grad_table) = 0;
+
+  // logits [N, C]; targets [N]; losses [N] (0 for ignored rows). Returns via `losses`.
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                             Tensor& losses) = 0;
+  // grad_rows [N] = upstream gradient per row (already scaled for Mean); out [N, C].
+  virtual void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits,
+                                      const Tensor& targets, int64_t ignore_index,
+                                      Tensor& grad_logits) = 0;
+};
+
+// The kernel table for a device; throws std::runtime_error naming the device and the
+// build option when this build has none (e.g. CUDA without DTENSOR_WITH_CUDA).
+Kernels& kernels_for(Device device);
+
+// Memory primitives per device, used by Storage and Tensor::to(Device).
+void* device_allocate(Device device, size_t bytes);
+void device_free(Device device, void* ptr, size_t bytes);
+// Copies `bytes` between any two devices.
+void device_memcpy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
+}  // namespace dtensor::backend

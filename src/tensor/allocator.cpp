@@ -1,0 +1,63 @@
+// Storage and the per-rank memory counters.
+#include "dtensor/allocator.h"
+
+#include "backend/kernels.h"
+
+namespace dtensor {
+namespace {
+
+std::shared_ptr<RankMemoryCounters>& process_counters() {
+  static auto counters = std::make_shared<RankMemoryCounters>();
+  return counters;
+}
+
+// The calling rank's counters; null means the process-wide ones.
+thread_local std::shared_ptr<RankMemoryCounters> thread_counters;
+
+const std::shared_ptr<MemoryCounter>& counter_for(Device device) {
+  const auto& counters = thread_counters ? thread_counters : process_counters();
+  return device.is_cuda() ? counters->cuda : counters->cpu;
+}
+
+}  // namespace
+
+void MemoryCounter::add(int64_t bytes) {
+  const int64_t now = live_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  int64_t peak = peak_.load(std::memory_order_relaxed);
+  while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+void MemoryCounter::remove(int64_t bytes) { live_.fetch_sub(bytes, std::memory_order_relaxed); }
+
+void MemoryCounter::reset_peak() { peak_.store(live_.load(std::memory_order_relaxed)); }
+
+MemoryStats MemoryCounter::stats() const {
+  return {live_.load(std::memory_order_relaxed), peak_.load(std::memory_order_relaxed),
+          allocations_.load(std::memory_order_relaxed)};
+}
+
+MemoryStats memory_stats(Device device) { return counter_for(device)->stats(); }
+void reset_peak_memory(Device device) { counter_for(device)->reset_peak(); }
+
+ScopedMemoryCounters::ScopedMemoryCounters(std::shared_ptr<RankMemoryCounters> counters)
+    : previous_(std::move(thread_counters)) {
+  thread_counters = std::move(counters);
+}
+ScopedMemoryCounters::~ScopedMemoryCounters() { thread_counters = std::move(previous_); }
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (bytes == 0) return;  // empty tensors own no memory and are not counted
+  data_ = backend::device_allocate(device, bytes);
+  counter_ = counter_for(device);
+  counter_->add(static_cast<int64_t>(bytes));
+}
+
+Storage::~Storage() {
+  if (!data_) return;
+  backend::device_free(device_, data_, bytes_);
+  counter_->remove(static_cast<int64_t>(bytes_));
+}
+
+}  // namespace dtensor

@@ -1,0 +1,72 @@
+// Tensor factories. Non-CPU tensors are filled on the CPU and copied over until the
+// device has kernels of its own.
+#include <cmath>
+
+#include "backend/kernels.h"
+#include "dtensor/tensor.h"
+
+namespace dtensor {
+namespace {
+
+void check_shape(const Shape& shape, const char* op) {
+  for (int64_t s : shape) DT_CHECK_ARG(s >= 0, op, "sizes must be >= 0, got ", shape);
+}
+
+// Builds on the CPU with `fill`, then moves to `device`.
+template <class Fill>
+Tensor make_on(const Shape& shape, DType dtype, Device device, const char* op, Fill&& fill) {
+  check_shape(shape, op);
+  Tensor t = Tensor::empty(shape, dtype, Device::cpu());
+  fill(backend::kernels_for(Device::cpu()), t);
+  return t.to(device);
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  check_shape(shape, "empty");
+  auto storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  return from_storage(std::move(storage), dtype, shape, contiguous_strides(shape), 0);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
+
+Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
+  return make_on(shape, dtype, device, "full",
+                 [&](backend::Kernels& k, Tensor& t) { k.fill(t, value); });
+}
+
+Tensor Tensor::arange(int64_t n, DType dtype, Device device) {
+  DT_CHECK_ARG(n >= 0, "arange", "expected n >= 0, got ", n);
+  return make_on({n}, dtype, device, "arange",
+                 [&](backend::Kernels& k, Tensor& t) { k.arange(t, 0.0, 1.0); });
+}
+
+Tensor Tensor::arange(double start, double end, double step, DType dtype, Device device) {
+  DT_CHECK_ARG(step != 0, "arange", "step must be nonzero, got 0");
+  DT_CHECK_ARG((end - start) / step >= 0, "arange", "step ", step, " never reaches ", end,
+               " from ", start);
+  const auto n = static_cast<int64_t>(std::ceil((end - start) / step));
+  return make_on({n}, dtype, device, "arange",
+                 [&](backend::Kernels& k, Tensor& t) { k.arange(t, start, step); });
+}
+
+Tensor Tensor::randn(const Shape& shape, uint64_t seed, DType dtype, Device device) {
+  DT_CHECK_ARG(is_floating(dtype), "randn", "expected a floating dtype, got ", dtype_name(dtype));
+  return make_on(shape, dtype, device, "randn",
+                 [&](backend::Kernels& k, Tensor& t) { k.fill_randn(t, seed, 0); });
+}
+
+Tensor Tensor::rand(const Shape& shape, uint64_t seed, DType dtype, Device device) {
+  DT_CHECK_ARG(is_floating(dtype), "rand", "expected a floating dtype, got ", dtype_name(dtype));
+  return make_on(shape, dtype, device, "rand",
+                 [&](backend::Kernels& k, Tensor& t) { k.fill_rand(t, seed, 0); });
+}
+
+}  // namespace dtensor

@@ -1,0 +1,74 @@
+// matmul and linear: shape checks, batch broadcasting, then the device GEMM.
+#include "backend/kernels.h"
+#include "dtensor/tensor_ops.h"
+
+namespace dtensor {
+namespace {
+
+void check_matmul_operands(const Tensor& a, const Tensor& b, const char* op) {
+  DT_CHECK_ARG(a.defined() && b.defined(), op, "expected defined tensors");
+  DT_CHECK_ARG(a.dim() >= 1 && b.dim() >= 1, op, "expected tensors with at least 1 dim, got ",
+               a.shape(), " and ", b.shape());
+  DT_CHECK_ARG(is_floating(a.dtype()), op, "expected a floating dtype, got ", dtype_name(a.dtype()));
+  DT_CHECK_ARG(a.dtype() == b.dtype(), op, "dtypes differ: a is ", dtype_name(a.dtype()), ", b is ",
+               dtype_name(b.dtype()));
+  DT_CHECK_ARG(a.device() == b.device(), op, "devices differ: a is on ", a.device().to_string(),
+               ", b on ", b.device().to_string());
+}
+
+// [..., m, k] @ [..., k, n] with both operands at least 2-D.
+Tensor matmul_2d_or_more(const Tensor& a, const Tensor& b, const char* op) {
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  DT_CHECK_ARG(b.size(-2) == k, op, "inner dims differ: a is ", a.shape(), ", b is ", b.shape());
+  backend::Kernels& kernels = backend::kernels_for(a.device());
+  if (b.dim() == 2) {
+    // The common [batch..., m, k] @ [k, n]: one GEMM with all batch rows stacked.
+    Shape out_shape = a.shape();
+    out_shape.back() = n;
+    int64_t rows = 1;
+    for (int64_t d = 0; d + 1 < a.dim(); ++d) rows *= a.size(d);
+    Tensor out = Tensor::empty({1, rows, n}, a.dtype(), a.device());
+    kernels.matmul(a.reshape({1, rows, k}), b.unsqueeze(0), out);
+    return out.view(out_shape);
+  }
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+  const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  Shape batch = broadcast_shapes(a_batch, b_batch, op);
+  const int64_t batch_numel = shape_numel(batch);
+  Shape a_full = batch, b_full = batch, out_shape = batch;
+  a_full.insert(a_full.end(), {m, k});
+  b_full.insert(b_full.end(), {k, n});
+  out_shape.insert(out_shape.end(), {m, n});
+  Tensor out = Tensor::empty({batch_numel, m, n}, a.dtype(), a.device());
+  kernels.matmul(a.expand(a_full).reshape({batch_numel, m, k}),
+                 b.expand(b_full).reshape({batch_numel, k, n}), out);
+  return out.view(out_shape);
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_matmul_operands(a, b, "matmul");
+  // NumPy's 1-D rules: a vector on the left is a row, on the right a column, and the
+  // added dim is removed from the result.
+  const bool a_vector = a.dim() == 1, b_vector = b.dim() == 1;
+  Tensor out = matmul_2d_or_more(a_vector ? a.unsqueeze(0) : a, b_vector ? b.unsqueeze(1) : b,
+                                 "matmul");
+  if (a_vector) out = out.squeeze(-2);
+  if (b_vector) out = out.squeeze(-1);
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
+  check_matmul_operands(x, w, "linear");
+  DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
+  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(),
+               ", weight is ", w.shape(), " (expected x[..., ", w.size(1), "])");
+  Tensor y = matmul(x, w.t());
+  if (!bias) return y;
+  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0),
+               "], got ", bias->shape());
+  return add(y, *bias);
+}
+
+}  // namespace dtensor

@@ -1,0 +1,18 @@
+// Links against an installed dtensor and checks one real computation.
+#include <dtensor/dtensor.h>
+
+#include <cstdio>
+
+int main() {
+  using namespace dtensor;
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2});
+  Tensor b = matmul(a, a);  // [[7, 10], [15, 22]]
+  std::vector<float> got = b.to_vector<float>();
+  std::vector<float> want{7, 10, 15, 22};
+  if (got != want) {
+    std::fprintf(stderr, "consumer: wrong matmul result %s\n", b.to_string().c_str());
+    return 1;
+  }
+  std::printf("consumer: ok %s\n", b.to_string().c_str());
+  return 0;
+}

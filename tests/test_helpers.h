@@ -1,0 +1,57 @@
+// Shared helpers for the tests: a reference layout walker and exception matchers.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dtensor/dtensor.h"
+
+namespace dtensor::testing {
+
+// Element of `t` at a multi-index, read through shape/strides/offset directly
+// (an independent reference for the layout code), converted to double.
+inline double at(const Tensor& t, const std::vector<int64_t>& index) {
+  int64_t linear = t.offset();
+  for (size_t d = 0; d < index.size(); ++d) linear += index[d] * t.strides()[d];
+  Tensor base = Tensor::from_storage(t.storage(), t.dtype(), {linear + 1}, {1}, 0);
+  return base.slice(0, linear, linear + 1).to(DType::F64).to_vector<double>()[0];
+}
+
+// Calls fn(index) for every multi-index of `shape` in row-major order.
+inline void for_each_index(const Shape& shape, const std::function<void(const std::vector<int64_t>&)>& fn) {
+  if (shape_numel(shape) == 0) return;
+  std::vector<int64_t> index(shape.size(), 0);
+  while (true) {
+    fn(index);
+    int64_t d = static_cast<int64_t>(shape.size()) - 1;
+    for (; d >= 0; --d) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Values of `t` in row-major order, read with `at` (independent of to_vector/copy).
+inline std::vector<double> reference_values(const Tensor& t) {
+  std::vector<double> values;
+  for_each_index(t.shape(), [&](const std::vector<int64_t>& i) { values.push_back(at(t, i)); });
+  return values;
+}
+
+}  // namespace dtensor::testing
+
+// Expects `stmt` to throw `type` with a message containing `fragment`.
+#define EXPECT_THROW_MSG(stmt, type, fragment)                                           \
+  do {                                                                                   \
+    try {                                                                                \
+      stmt;                                                                              \
+      ADD_FAILURE() << "expected " #type " from: " #stmt;                                \
+    } catch (const type& e) {                                                            \
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)                 \
+          << "message was: " << e.what();                                                \
+    }                                                                                    \
+  } while (0)

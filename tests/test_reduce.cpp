@@ -1,0 +1,219 @@
+// Reductions against double-precision references: every dim set, keepdim, every float
+// dtype, contiguous and strided inputs of odd sizes; output dtypes; accuracy of long
+// sums; argmax ties and NaN; errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kernel_test_util.h"
+
+namespace dtensor::test {
+namespace {
+
+const Shape kShape = {5, 6, 7};
+
+// Groups the row-major values of a tensor of `shape` by their kept-dims index.
+std::vector<std::vector<double>> groups(const std::vector<double>& v, const Shape& shape,
+                                        const std::vector<int64_t>& dims) {
+  std::vector<int64_t> sorted;
+  for (int64_t d : dims) sorted.push_back(d < 0 ? d + static_cast<int64_t>(shape.size()) : d);
+  if (sorted.empty()) {
+    for (size_t d = 0; d < shape.size(); ++d) sorted.push_back(static_cast<int64_t>(d));
+  }
+  int64_t kept = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (std::find(sorted.begin(), sorted.end(), d) == sorted.end()) kept *= shape[d];
+  }
+  std::vector<std::vector<double>> out(static_cast<size_t>(kept));
+  for (size_t flat = 0; flat < v.size(); ++flat) {
+    int64_t rest = static_cast<int64_t>(flat), index = 0, scale = 1;
+    for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+      const int64_t coord = rest % shape[d];
+      rest /= shape[d];
+      if (std::find(sorted.begin(), sorted.end(), d) != sorted.end()) continue;
+      index += coord * scale;
+      scale *= shape[d];
+    }
+    out[static_cast<size_t>(index)].push_back(v[flat]);
+  }
+  return out;
+}
+
+struct ReduceCase {
+  const char* name;
+  std::function<Tensor(const Tensor&, const std::vector<int64_t>&, bool)> run;
+  std::function<double(const std::vector<double>&)> reference;
+};
+
+double ref_sum(const std::vector<double>& g) {
+  double s = 0;
+  for (double v : g) s += v;
+  return s;
+}
+double ref_var(const std::vector<double>& g, int correction) {
+  const double m = ref_sum(g) / g.size();
+  double s = 0;
+  for (double v : g) s += (v - m) * (v - m);
+  return s / (g.size() - correction);
+}
+
+const std::vector<ReduceCase> kReduceCases = {
+    {"sum", [](const Tensor& a, auto d, bool k) { return sum(a, d, k); }, ref_sum},
+    {"mean", [](const Tensor& a, auto d, bool k) { return mean(a, d, k); },
+     [](const std::vector<double>& g) { return ref_sum(g) / g.size(); }},
+    {"amax", [](const Tensor& a, auto d, bool k) { return amax(a, d, k); },
+     [](const std::vector<double>& g) { return *std::max_element(g.begin(), g.end()); }},
+    {"amin", [](const Tensor& a, auto d, bool k) { return amin(a, d, k); },
+     [](const std::vector<double>& g) { return *std::min_element(g.begin(), g.end()); }},
+    {"var0", [](const Tensor& a, auto d, bool k) { return var(a, d, 0, k); },
+     [](const std::vector<double>& g) { return ref_var(g, 0); }},
+    {"var1", [](const Tensor& a, auto d, bool k) { return var(a, d, 1, k); },
+     [](const std::vector<double>& g) { return ref_var(g, 1); }},
+};
+
+const std::vector<std::vector<int64_t>> kDimSets = {{}, {0}, {1}, {-1}, {0, 2}, {2, 0}, {1, 2}, {0, 1, 2}};
+
+Shape expected_shape(const Shape& shape, std::vector<int64_t> dims, bool keepdim) {
+  for (int64_t& d : dims) d = d < 0 ? d + static_cast<int64_t>(shape.size()) : d;
+  Shape out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const bool reduced = dims.empty() || std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (!reduced) out.push_back(shape[d]);
+    if (reduced && keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+TEST(Reduce, MatchesReferenceOverEveryDimSet) {
+  uint64_t seed = 1;
+  for (const ReduceCase& c : kReduceCases) {
+    for (DType dtype : kFloatDTypes) {
+      for (Layout layout : kLayouts) {
+        const Tensor a = make_input(kShape, dtype, layout, seed++);
+        const std::vector<double> av = values(a);
+        for (const auto& dims : kDimSets) {
+          for (bool keepdim : {false, true}) {
+            const Tensor y = c.run(a, dims, keepdim);
+            const std::string what = std::string(c.name) + " " + std::string(dtype_name(dtype)) +
+                                     " " + layout_name(layout) + " dims " + shape_to_string(dims) +
+                                     (keepdim ? " keepdim" : "");
+            EXPECT_EQ(y.shape(), expected_shape(kShape, dims, keepdim)) << what;
+            EXPECT_EQ(y.dtype(), dtype) << what;
+            std::vector<double> want;
+            for (const auto& g : groups(av, kShape, dims)) want.push_back(c.reference(g));
+            // F32 results round once from a double accumulator.
+            expect_close(y, want, what, 1.0, 1e-5);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Reduce, PermutedInputsReduceLikeTheirCopies) {
+  const Tensor a = make_input({4, 9, 5}, DType::F32, Layout::Contiguous, 9).permute({2, 0, 1});
+  for (const auto& dims : std::vector<std::vector<int64_t>>{{0}, {1}, {2}, {0, 2}}) {
+    EXPECT_TRUE(allclose(sum(a, dims), sum(a.contiguous(), dims), 1e-6, 1e-6));
+    EXPECT_TRUE(allclose(var(a, dims), var(a.contiguous(), dims), 1e-6, 1e-6));
+  }
+}
+
+TEST(Reduce, OutputDtypes) {
+  const Tensor i32 = Tensor::from_vector<int32_t>({2147483647, 2147483647, 2147483647});
+  const Tensor s = sum(i32);
+  EXPECT_EQ(s.dtype(), DType::I64);
+  EXPECT_EQ(s.item<int64_t>(), int64_t{3} * 2147483647);  // no I32 overflow
+  const Tensor mask = Tensor::from_vector<bool>({true, false, true, true});
+  EXPECT_EQ(sum(mask).item<int64_t>(), 3);
+  EXPECT_EQ(mean(mask).dtype(), DType::F32);
+  EXPECT_FLOAT_EQ(mean(mask).item<float>(), 0.75f);
+  EXPECT_EQ(amax(Tensor::from_vector<int64_t>({-5, 9, 2})).item<int64_t>(), 9);
+  EXPECT_EQ(amin(Tensor::from_vector<int64_t>({-5, 9, 2})).dtype(), DType::I64);
+  EXPECT_EQ(var(Tensor::from_vector<int64_t>({1, 3})).dtype(), DType::F32);
+  EXPECT_FLOAT_EQ(var(Tensor::from_vector<int64_t>({1, 3})).item<float>(), 2.0f);
+}
+
+TEST(Reduce, ZeroDimAndEmptyInputs) {
+  const Tensor scalar = Tensor::full({}, 2.5);
+  EXPECT_EQ(sum(scalar).shape(), Shape{});
+  EXPECT_EQ(sum(scalar).item<float>(), 2.5f);
+  EXPECT_EQ(sum(scalar, {0}, true).shape(), Shape{});
+  EXPECT_EQ(sum(Tensor::zeros({0, 3})).item<float>(), 0.0f);
+  EXPECT_EQ(sum(Tensor::zeros({0, 3}), {0}).to_vector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_TRUE(std::isnan(mean(Tensor::zeros({0})).item<float>()));
+}
+
+TEST(Reduce, LongF32SumsKeepF32Accuracy) {
+  // A float running sum of 2^22 values of 0.1 drifts by ~1e-3 relative; a double
+  // accumulator is exact to the F32 rounding of the result.
+  const int64_t n = int64_t{1} << 22;
+  const Tensor x = Tensor::full({n}, 0.1, DType::F32);
+  const double exact = static_cast<double>(0.1f) * n;
+  EXPECT_NEAR(sum(x).item<double>(), exact, exact * 1e-7);
+  EXPECT_NEAR(mean(x.view({1024, 4096}), {0}).to_vector<float>()[17], 0.1f, 1e-8);
+}
+
+TEST(Reduce, VarianceIsStableUnderALargeMean) {
+  std::vector<float> v;
+  for (int i = 0; i < 1000; ++i) v.push_back(1e4f + static_cast<float>(i % 2));  // var 0.25
+  EXPECT_NEAR(var(Tensor::from_vector(v), {}, 0).item<double>(), 0.25, 1e-6);
+  EXPECT_TRUE(std::isinf(var(Tensor::ones({1}), {}, 1).item<float>()) ||
+              std::isnan(var(Tensor::ones({1}), {}, 1).item<float>()));
+}
+
+TEST(Reduce, MaxAndMinPropagateNaN) {
+  const Tensor x = Tensor::from_vector<float>({1, NAN, 3, 2}, {2, 2});
+  EXPECT_TRUE(std::isnan(amax(x).item<float>()));
+  const std::vector<float> rows = amin(x, {1}).to_vector<float>();
+  EXPECT_TRUE(std::isnan(rows[0]));
+  EXPECT_EQ(rows[1], 2.0f);
+}
+
+// ---- argmax --------------------------------------------------------------------------------
+
+TEST(Argmax, FirstMaximumAlongAnyDimAndLayout) {
+  uint64_t seed = 50;
+  for (DType dtype : kFloatDTypes) {
+    for (Layout layout : kLayouts) {
+      // Values on a coarse grid so ties are common.
+      const Tensor a = make_input(kShape, dtype, layout, seed++, -2, 2, 1.0);
+      const std::vector<double> av = values(a);
+      for (int64_t dim : {0, 1, 2, -1}) {
+        for (bool keepdim : {false, true}) {
+          const Tensor y = argmax(a, dim, keepdim);
+          EXPECT_EQ(y.dtype(), DType::I64);
+          EXPECT_EQ(y.shape(), expected_shape(kShape, {dim}, keepdim));
+          std::vector<double> want;
+          for (const auto& g : groups(av, kShape, {dim})) {
+            want.push_back(static_cast<double>(std::max_element(g.begin(), g.end()) - g.begin()));
+          }
+          expect_close(y, want, std::string("argmax ") + std::string(dtype_name(dtype)) + " " +
+                                    layout_name(layout) + " dim " + std::to_string(dim), 0.0, 0.0);
+        }
+      }
+    }
+  }
+}
+
+TEST(Argmax, TiesNaNAndIntegers) {
+  EXPECT_EQ(argmax(Tensor::from_vector<float>({1, 3, 3, 2}), 0).item<int64_t>(), 1);
+  EXPECT_EQ(argmax(Tensor::from_vector<float>({1, NAN, 5, NAN}), 0).item<int64_t>(), 1);
+  EXPECT_EQ(argmax(Tensor::from_vector<int32_t>({4, -1, 7, 7}), -1).item<int64_t>(), 2);
+}
+
+// ---- errors ----------------------------------------------------------------------------------
+
+TEST(Reduce, ErrorsNameTheOpAndTheDims) {
+  const Tensor x = Tensor::zeros({2, 3});
+  expect_invalid([&] { sum(x, {1, -1}); }, "[sum] dim 1 appears more than once");
+  expect_invalid([&] { mean(x, {2}); }, "[mean] dim 2 out of range");
+  expect_invalid([&] { var(x, {0}, -1); }, "[var] expected correction >= 0");
+  expect_invalid([] { amax(Tensor::zeros({0, 3}), {0}); }, "[amax] cannot reduce over dim 0 of size 0");
+  expect_invalid([] { argmax(Tensor::zeros({4, 0}), 1); }, "[argmax] cannot reduce over dim 1");
+  expect_invalid([&] { argmax(x, -3); }, "[argmax] dim -3 out of range");
+}
+
+}  // namespace
+}  // namespace dtensor::test
