@@ -1,0 +1,240 @@
+// Collective bandwidth, nccl-tests style: for all_reduce, all_gather,
+// reduce_scatter and all_to_all, sizes 4 KiB..64 MiB, worlds 2 and 4, the time per
+// call, algbw = bytes / time and busbw = algbw x 2(n-1)/n (all_reduce) or (n-1)/n
+// (the others), where bytes is the whole array (nccl-tests' "size"). In one run:
+//   raw   MPI_Allreduce etc. on a sub-communicator of the first n processes,
+//   mpi   dtensor's mpi backend on the same buffers,
+//   thr   dtensor's threads backend, n threads inside process 0,
+//   memcpy single-thread memcpy of `bytes`, the ceiling a CPU copy reaches.
+// Run: mpirun -np 4 --oversubscribe bench_collectives [--max-mib=64] [--worlds=2,4]
+// Without mpirun (or in a build without MPI) only threads and memcpy are measured.
+#if DTENSOR_WITH_MPI
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtensor/group.h"
+
+using namespace dtensor;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+enum class Coll { AllReduce, AllGather, ReduceScatter, AllToAll };
+const Coll kColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll};
+const char* name(Coll c) {
+  static const char* names[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
+  return names[static_cast<int>(c)];
+}
+double bus_factor(Coll c, int n) { return (c == Coll::AllReduce ? 2.0 : 1.0) * (n - 1) / n; }
+
+// Enough calls for a stable figure without letting 64 MiB runs dominate. Every
+// figure is the best of kTrials averages: on a shared machine other jobs only
+// ever make a collective slower, so the minimum is the least noisy estimate.
+int iterations(int64_t bytes) {
+  return static_cast<int>(std::clamp<int64_t>((96LL << 20) / bytes, 3, 100));
+}
+constexpr int kTrials = 3;
+
+// Per-rank buffers of one collective on `bytes` (nccl-tests sizes: the whole array).
+struct Buffers {
+  Tensor in, out;
+  Buffers(Coll c, int64_t bytes, int n) {
+    const int64_t count = bytes / 4 / n * n;  // F32, divisible by n
+    const int64_t in_count = c == Coll::AllGather ? count / n : count;
+    const int64_t out_count = c == Coll::ReduceScatter ? count / n : count;
+    in = Tensor::full({in_count}, 1.0);
+    out = Tensor::zeros({out_count});
+  }
+};
+
+void run_dtensor(Coll c, const Group& g, Buffers& b) {
+  switch (c) {
+    case Coll::AllReduce: all_reduce_into(g, b.in, b.out); break;
+    case Coll::AllGather: all_gather_into(g, b.in, b.out); break;
+    case Coll::ReduceScatter: reduce_scatter_into(g, b.in, b.out); break;
+    case Coll::AllToAll: all_to_all_into(g, b.in, b.out); break;
+  }
+}
+
+#if DTENSOR_WITH_MPI
+void run_raw(Coll c, MPI_Comm comm, int n, Buffers& b) {
+  const int out = static_cast<int>(b.out.numel());
+  const int in = static_cast<int>(b.in.numel());
+  switch (c) {
+    case Coll::AllReduce:
+      MPI_Allreduce(b.in.data_ptr(), b.out.data_ptr(), in, MPI_FLOAT, MPI_SUM, comm);
+      break;
+    case Coll::AllGather:
+      MPI_Allgather(b.in.data_ptr(), in, MPI_FLOAT, b.out.data_ptr(), in, MPI_FLOAT, comm);
+      break;
+    case Coll::ReduceScatter:
+      MPI_Reduce_scatter_block(b.in.data_ptr(), b.out.data_ptr(), out, MPI_FLOAT, MPI_SUM, comm);
+      break;
+    case Coll::AllToAll:
+      MPI_Alltoall(b.in.data_ptr(), in / n, MPI_FLOAT, b.out.data_ptr(), out / n, MPI_FLOAT, comm);
+      break;
+  }
+}
+
+// Seconds per call: the slowest rank's average over `iters` calls after a warm-up.
+template <class Fn>
+double time_mpi(MPI_Comm comm, int iters, Fn fn) {
+  fn();
+  double best = 1e30;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    MPI_Barrier(comm);
+    const auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) fn();
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count() / iters;
+    MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, comm);
+    best = std::min(best, seconds);
+  }
+  return best;
+}
+
+#endif
+
+double time_threads(Coll c, int n, int64_t bytes) {
+  double seconds = 0;
+  const int iters = iterations(bytes);
+  launch(n, [&](Group g) {
+    Buffers b(c, bytes, n);
+    run_dtensor(c, g, b);
+    double best = 1e30;
+    for (int trial = 0; trial < kTrials; ++trial) {
+      barrier(g);
+      const auto start = Clock::now();
+      for (int i = 0; i < iters; ++i) run_dtensor(c, g, b);
+      barrier(g);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iters);
+    }
+    if (g.rank() == 0) seconds = best;
+  });
+  return seconds;
+}
+
+double memcpy_gbps(int64_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  const int iters = iterations(bytes);
+  std::memcpy(b.data(), a.data(), bytes);
+  double best = 1e30;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    const auto start = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      std::memcpy(b.data(), a.data(), bytes);
+      asm volatile("" : : "r"(b.data()) : "memory");  // keep every copy
+    }
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iters);
+  }
+  return bytes / best / 1e9;
+}
+
+#if DTENSOR_WITH_MPI
+// Processes not measuring wait here without spinning, so they leave the cores to
+// those that are; the measuring ones join when done.
+void rendezvous_without_spinning() {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  for (int done = 0; !done;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+#endif
+
+struct Row {
+  double raw = 0, mpi = 0, thr = 0;  // seconds per call (0: not measured)
+};
+
+std::string size_label(int64_t bytes) {
+  return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes >> 10) + " KiB";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t max_bytes = 64LL << 20;
+  std::vector<int> worlds{2, 4};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.rfind("--max-mib=", 0) == 0) max_bytes = std::stoll(arg.substr(10)) << 20;
+    if (arg.rfind("--worlds=", 0) == 0) {
+      worlds.clear();
+      for (size_t p = 9; p < arg.size(); p = arg.find(',', p) + 1) {
+        worlds.push_back(std::stoi(arg.substr(p)));
+        if (arg.find(',', p) == std::string::npos) break;
+      }
+    }
+  }
+  std::vector<int64_t> sizes;
+  for (int64_t s = 4 << 10; s <= max_bytes; s *= 4) sizes.push_back(s);
+
+  const bool with_mpi = is_available("mpi") && init("any").backend() == "mpi";
+  Group world = with_mpi ? init("mpi") : Group();
+  const int rank = with_mpi ? world.rank() : 0;
+  const int procs = with_mpi ? world.size() : 1;
+  if (rank == 0) {
+    std::printf("# bench_collectives: F32 sum, out of place; times in us, bandwidths in GB/s\n");
+    std::printf("# %d MPI processes, %u hardware threads\n\n", procs, std::thread::hardware_concurrency());
+    std::printf("| collective | n | size | raw MPI us | raw busbw | mpi us | mpi busbw | mpi/raw time "
+                "| threads us | threads busbw | threads/raw busbw | memcpy GB/s |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  }
+  for (int n : worlds) {
+    std::vector<std::vector<Row>> rows(4, std::vector<Row>(sizes.size()));
+#if DTENSOR_WITH_MPI
+    // MPI columns: the first n processes; the others wait.
+    if (with_mpi && n <= procs) {
+      const bool active = rank < n;
+      MPI_Comm raw = MPI_COMM_NULL;
+      MPI_Comm_split(MPI_COMM_WORLD, active ? 0 : MPI_UNDEFINED, rank, &raw);
+      Group group = world.split(active ? 0 : -1);
+      if (active) {
+        for (Coll c : kColls) {
+          for (size_t s = 0; s < sizes.size(); ++s) {
+            Buffers b(c, sizes[s], n);
+            const int iters = iterations(sizes[s]);
+            // Interleaved, so both see the same machine state.
+            rows[static_cast<int>(c)][s].raw = time_mpi(raw, iters, [&] { run_raw(c, raw, n, b); });
+            rows[static_cast<int>(c)][s].mpi = time_mpi(raw, iters, [&] { run_dtensor(c, group, b); });
+          }
+        }
+        MPI_Comm_free(&raw);
+      }
+      rendezvous_without_spinning();
+    }
+#endif
+    // Threads columns: n threads in process 0; the other processes wait.
+    if (rank == 0) {
+      for (Coll c : kColls) {
+        for (size_t s = 0; s < sizes.size(); ++s) rows[static_cast<int>(c)][s].thr = time_threads(c, n, sizes[s]);
+      }
+    }
+#if DTENSOR_WITH_MPI
+    if (with_mpi) rendezvous_without_spinning();
+#endif
+    if (rank != 0) continue;
+    for (Coll c : kColls) {
+      for (size_t s = 0; s < sizes.size(); ++s) {
+        const Row& r = rows[static_cast<int>(c)][s];
+        const double bytes = static_cast<double>(sizes[s]);
+        auto busbw = [&](double t) { return t > 0 ? bytes / t / 1e9 * bus_factor(c, n) : 0.0; };
+        std::printf("| %s | %d | %s | %.1f | %.2f | %.1f | %.2f | %.3f | %.1f | %.2f | %.2f | %.2f |\n",
+                    name(c), n, size_label(sizes[s]).c_str(), r.raw * 1e6, busbw(r.raw), r.mpi * 1e6,
+                    busbw(r.mpi), r.raw > 0 ? r.mpi / r.raw : 0.0, r.thr * 1e6, busbw(r.thr),
+                    r.raw > 0 ? busbw(r.thr) / busbw(r.raw) : 0.0, memcpy_gbps(sizes[s]));
+      }
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

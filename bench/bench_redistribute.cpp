@@ -1,0 +1,131 @@
+// Redistribution of a 64 MiB F32 tensor on 4 ranks (a 2x2 mesh, threads backend).
+//
+// For each main transition, in the same run:
+//   time        the planned redistribute (median over reps, slowest rank)
+//   collective  the bare collective(s) the plan runs, on buffers of the same sizes
+//   naive       gather everything (full_tensor) then slice the target piece
+//   predicted   the cost model's time for the plan, and its relative error
+//   bytes       what each rank sends on the planned and the naive path
+// Each case runs its ranks once (launch) and times repetitions inside, so thread
+// start-up is not measured.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "dtensor/dtensor.h"
+
+using namespace dtensor;
+
+namespace {
+
+constexpr int kRanks = 4;
+const Shape kShape{4096, 4096};  // 64 MiB of F32
+constexpr int kReps = 5;
+
+struct Transition {
+  const char* name;
+  Placements from, to;
+};
+
+const std::vector<Transition>& transitions() {
+  static const std::vector<Transition> list = {
+      {"S0R_to_RR (all_gather)", {Shard(0), Replicate()}, {Replicate(), Replicate()}},
+      {"PR_to_RR (all_reduce)", {Partial(), Replicate()}, {Replicate(), Replicate()}},
+      {"PR_to_S0R (reduce_scatter)", {Partial(), Replicate()}, {Shard(0), Replicate()}},
+      {"S0R_to_S1R (all_to_all)", {Shard(0), Replicate()}, {Shard(1), Replicate()}},
+      {"RR_to_S0S1 (local)", {Replicate(), Replicate()}, {Shard(0), Shard(1)}},
+      {"S0S1_to_RR (2 all_gathers)", {Shard(0), Shard(1)}, {Replicate(), Replicate()}},
+      {"S0S1_to_S1S0 (block transfer)", {Shard(0), Shard(1)}, {Shard(1), Shard(0)}},
+      {"PP_to_RR (2 all_reduces)", {Partial(), Partial()}, {Replicate(), Replicate()}},
+  };
+  return list;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Median over reps of the slowest rank's time for fn (ranks start together).
+template <class Fn>
+double time_collectively(const Group& world, Fn&& fn) {
+  std::vector<double> times;
+  fn();  // warm-up: plans, caches, first-touch pages
+  for (int rep = 0; rep < kReps; ++rep) {
+    barrier(world);
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    Tensor mine = Tensor::full({1}, seconds_since(t0), DType::F64);
+    times.push_back(all_reduce(world, mine, ReduceOp::Max).item<double>());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// The same collectives as the plan, issued directly on tensors of the plan's sizes.
+void run_bare_collectives(const DeviceMesh& mesh, const RedistributePlan& plan, const DistTensor& source) {
+  Tensor local = source.to_local();
+  for (const RedistributeStep& step : plan.steps) {
+    if (step.collective == "all_gather") {
+      local = all_gather(mesh.group(step.mesh_dim), local, step.before[step.mesh_dim].dim());
+    } else if (step.collective == "all_reduce") {
+      local = all_reduce(mesh.group(step.mesh_dim), local);
+    } else if (step.collective == "reduce_scatter") {
+      local = reduce_scatter(mesh.group(step.mesh_dim), local, ReduceOp::Sum, step.after[step.mesh_dim].dim());
+    } else if (step.collective == "all_to_all") {
+      local = all_to_all(mesh.group(step.mesh_dim), local.reshape({-1}));
+    } else if (step.collective == "send") {
+      // One exchange of the same number of bytes with the peer across the diagonal.
+      const int peer = static_cast<int>(mesh.size() - 1 - mesh.linear_index());
+      Tensor out = Tensor::empty({local.numel()}, local.dtype());
+      if (peer != mesh.linear_index()) {
+        batch_send_recv(mesh.group(), {P2POp::send(local.reshape({-1}), peer), P2POp::recv(out, peer)});
+      }
+    }
+  }
+}
+
+void BM_Redistribute(benchmark::State& state) {
+  const Transition& t = transitions()[state.range(0)];
+  const Tensor full = Tensor::randn(kShape, 1);
+  double planned_s = 0, bare_s = 0, naive_s = 0, predicted_s = 0;
+  int64_t planned_bytes = 0, naive_bytes = 0;
+  for (auto _ : state) {
+    launch(kRanks, [&](Group world) {
+      DeviceMesh mesh(world, {2, 2}, {"a", "b"});
+      const DistTensor source = distribute(full, mesh, t.from);
+      const RedistributePlan plan = explain_redistribute(t.from, t.to, kShape, mesh);
+      const RedistributePlan naive = explain_redistribute(t.from, {Replicate(), Replicate()}, kShape, mesh);
+      const double planned = time_collectively(world, [&] { benchmark::DoNotOptimize(source.redistribute(t.to).to_local().data_ptr()); });
+      const double bare = time_collectively(world, [&] { run_bare_collectives(mesh, plan, source); });
+      const double gathered = time_collectively(world, [&] {
+        const Tensor everything = source.full_tensor();
+        benchmark::DoNotOptimize(distribute(everything, mesh, t.to).to_local().data_ptr());
+      });
+      if (world.rank() == 0) {
+        planned_s = planned;
+        bare_s = bare;
+        naive_s = gathered;
+        predicted_s = plan.predicted_seconds;
+        planned_bytes = plan.bytes_sent();
+        naive_bytes = naive.bytes_sent();
+      }
+    });
+    state.SetIterationTime(planned_s);
+  }
+  state.counters["planned_ms"] = planned_s * 1e3;
+  state.counters["collective_ms"] = bare_s * 1e3;
+  state.counters["naive_ms"] = naive_s * 1e3;
+  state.counters["vs_collective"] = bare_s > 0 ? planned_s / bare_s : 0;
+  state.counters["predicted_ms"] = predicted_s * 1e3;
+  state.counters["model_error"] = planned_s > 0 ? (predicted_s - planned_s) / planned_s : 0;
+  state.counters["MiB_sent"] = planned_bytes / 1048576.0;
+  state.counters["naive_MiB_sent"] = naive_bytes / 1048576.0;
+  state.SetLabel(t.name);
+}
+
+}  // namespace
+
+BENCHMARK(BM_Redistribute)->DenseRange(0, 7)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,89 @@
+// Reverse-mode automatic differentiation of DistTensor programs.
+//
+// Every op on DistTensors that require gradients records a Node on a tape: its
+// backward function, the edges to the nodes of its inputs and what it saved.
+// backward() runs the nodes in reverse creation order (identical on every rank, so
+// collectives issued by backward functions line up), sums the gradients that meet
+// at a tensor, and accumulates leaf gradients into `grad()`.
+//
+// Gradients are DistTensors with placements. A gradient of a Partial(sum) output is
+// Replicate (d(sum)/d(part) = 1); the backward of redistribute follows DESIGN.md:
+// S->R turns a Partial gradient into S by reduce-scatter (a Replicate one by a local
+// chunk), P->R is free. So data parallelism's all-reduce and FSDP's reduce-scatter
+// come out of the ordinary rules.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/dist_tensor.h"
+
+namespace dtensor {
+
+// Disables recording on this rank while alive (nests).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+bool grad_enabled();
+
+// Runs backward from `root`. Without `grad`, root must have one element and gets a
+// gradient of 1. retain_graph keeps saved tensors for another backward.
+void backward(const DistTensor& root, const DistTensor& grad = {}, bool retain_graph = false);
+
+// Called once per backward when `param`'s gradient for this backward has been
+// accumulated into param.grad() (DDP and FSDP start communication from here).
+using GradReadyHook = std::function<void(const DistTensor& param)>;
+void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook);
+
+namespace autograd {
+
+class Node;
+
+// Where a gradient goes: input `input_nr` of `node`.
+struct Edge {
+  std::shared_ptr<Node> node;
+  int input_nr = 0;
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual std::string name() const = 0;
+  // Gradients w.r.t. this node's outputs (undefined where none arrived) -> gradients
+  // w.r.t. its inputs, aligned with next_edges (undefined for "no gradient").
+  virtual std::vector<DistTensor> apply(std::vector<DistTensor>&& grad_outputs) = 0;
+  // Frees what apply needs (after a backward without retain_graph).
+  virtual void release() {}
+
+  std::vector<Edge> next_edges;
+  int num_outputs = 1;
+  uint64_t sequence_nr = 0;  // creation order on this rank
+  bool released = false;
+};
+
+// A node whose backward is a function of the output gradients; what the function
+// captures is what the node saves (released after backward).
+using BackwardFn = std::function<std::vector<DistTensor>(const std::vector<DistTensor>& grad_outputs)>;
+
+// Records `name` with `backward` on the tape when gradients are enabled and some
+// input requires them: the outputs get the node as grad_fn. Inputs that do not
+// require gradients get no edge (their gradient is dropped). Outputs must be
+// freshly created by the op. Save tensors for backward with `DistTensor::detach()`
+// so that no output keeps its own node alive.
+void record(const std::string& name, const std::vector<DistTensor>& inputs,
+            std::vector<DistTensor>& outputs, BackwardFn backward);
+
+// True when recording is on and some input requires a gradient.
+bool needs_grad(const std::vector<DistTensor>& inputs);
+
+}  // namespace autograd
+}  // namespace dtensor

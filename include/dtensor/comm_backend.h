@@ -1,0 +1,97 @@
+// The interface a communication backend implements (threads, mpi, later nccl).
+// Users never include this header: group.h is the API. The public functions in
+// src/comm/collectives.cpp check tensors, make them contiguous, allocate outputs,
+// count calls (comm_debug.h) and then call one method below on raw buffers.
+//
+// Buffer conventions of every method:
+// - Buffers are contiguous host memory; counts are in elements of `dtype`.
+// - "Row blocks" (all_gather, reduce_scatter): a tensor concatenated along dim d is
+//   seen as `outer` rows (the product of the dims before d); rank r owns
+//   counts[r] consecutive elements of every row, at column offset
+//   counts[0] + ... + counts[r-1] of a row of sum(counts) elements.
+// - A method with async == false completes before returning and returns nullptr;
+//   with async == true it may return a WorkImpl still running. Inputs and outputs
+//   must stay alive until then (the caller keeps the tensors in its Work).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/dtype.h"
+#include "dtensor/group.h"
+
+namespace dtensor::comm {
+
+class WorkImpl {
+ public:
+  virtual ~WorkImpl() = default;
+  virtual void wait() = 0;  // rethrows the operation's error
+  virtual bool is_completed() = 0;
+};
+using WorkPtr = std::shared_ptr<WorkImpl>;
+
+// One send or receive of a batch on raw memory.
+struct P2PBuffer {
+  bool is_send = true;
+  void* data = nullptr;
+  int64_t bytes = 0;
+  DType dtype = DType::F32;
+  int peer = 0;
+  int tag = 0;
+};
+
+// 10 minutes unless DTENSOR_TIMEOUT_S says otherwise (read once per process).
+std::chrono::milliseconds default_timeout();
+
+class GroupImpl {
+ public:
+  virtual ~GroupImpl() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;
+  const std::string& name() const { return name_; }
+
+  // Collective; nullptr for a negative color.
+  virtual std::shared_ptr<GroupImpl> split(int color, int key) = 0;
+
+  virtual WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
+                             bool async) = 0;
+  virtual WorkPtr all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
+                             int64_t outer, DType dtype, bool async) = 0;
+  virtual WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                                 int64_t outer, DType dtype, ReduceOp op, bool async) = 0;
+  // send_counts[s] elements go to rank s, recv_counts[s] come from it, packed in
+  // rank order in `in` and `out`.
+  virtual WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                             const std::vector<int64_t>& recv_counts, DType dtype,
+                             bool async) = 0;
+  virtual WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) = 0;
+  // counts[r] elements from rank r, packed in rank order in root's `out`.
+  virtual WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts,
+                         DType dtype, int root, bool async) = 0;
+  virtual WorkPtr scatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                          DType dtype, int root, bool async) = 0;
+  virtual WorkPtr barrier(bool async) = 0;
+  // Always non-blocking; the returned work covers every buffer of the batch.
+  virtual WorkPtr send_recv(const std::vector<P2PBuffer>& ops) = 0;
+
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ protected:
+  std::string name_ = "world";
+  std::chrono::milliseconds timeout_ = default_timeout();
+};
+
+// The names of one collective's kinds, used by error messages and comm counters.
+enum class CallKind : uint8_t {
+  AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Gather, Scatter, Barrier,
+  Send, Recv, Split
+};
+const char* call_kind_name(CallKind kind);  // "all_reduce", ...
+
+}  // namespace dtensor::comm

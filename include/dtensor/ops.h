@@ -1,0 +1,168 @@
+// Ops on DistTensors: write model code as if tensors were local.
+//
+//   DistTensor y = gelu(matmul(x, w));      // or x.matmul(w).gelu()
+//
+// Each op picks a sharding strategy from its rule (cheapest input redistribution
+// under the cost model, ties keep inputs as they are), redistributes the inputs,
+// runs the local kernel and wraps the result; decisions are cached per rank. Every
+// op records its backward when an input requires grad (autograd.h). The same names
+// work on local Tensors (tensor_ops.h).
+//
+// Partial values flow through linear ops: P+P stays P(sum), P*R and P@R stay
+// P(sum), -P stays P; non-linear ops (relu, exp, ...) reduce a Partial first.
+//
+// Plain Tensors mixed with DistTensors are accepted only inside an
+// ImplicitReplication scope, where they count as replicated on the other operand's
+// mesh; elsewhere they are an error (an accidental full-size tensor on every rank).
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "dtensor/dist_tensor.h"
+#include "dtensor/tensor_ops.h"
+
+namespace dtensor {
+
+class ImplicitReplication {
+ public:
+  ImplicitReplication();
+  ~ImplicitReplication();
+  ImplicitReplication(const ImplicitReplication&) = delete;
+  ImplicitReplication& operator=(const ImplicitReplication&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// A plain tensor as a replicated DistTensor on `mesh`; throws unless inside an
+// ImplicitReplication scope. Used by the mixed overloads below.
+DistTensor implicit_replicate(const Tensor& t, const DeviceMesh& mesh, const char* op);
+
+// ---- pointwise ---------------------------------------------------------------------
+DistTensor unary(UnaryOp op, const DistTensor& a);
+DistTensor binary(BinaryOp op, const DistTensor& a, const DistTensor& b);
+DistTensor binary(BinaryOp op, const DistTensor& a, double scalar);
+DistTensor binary(BinaryOp op, const DistTensor& a, const Tensor& b);
+DistTensor binary(BinaryOp op, const Tensor& a, const DistTensor& b);
+
+DistTensor neg(const DistTensor& a);
+DistTensor abs(const DistTensor& a);
+DistTensor exp(const DistTensor& a);
+DistTensor log(const DistTensor& a);
+DistTensor sqrt(const DistTensor& a);
+DistTensor rsqrt(const DistTensor& a);
+DistTensor tanh(const DistTensor& a);
+DistTensor sigmoid(const DistTensor& a);
+DistTensor relu(const DistTensor& a);
+DistTensor gelu(const DistTensor& a, GeluApprox approx = GeluApprox::None);
+DistTensor silu(const DistTensor& a);
+DistTensor square(const DistTensor& a);
+
+DistTensor add(const DistTensor& a, const DistTensor& b);
+DistTensor sub(const DistTensor& a, const DistTensor& b);
+DistTensor mul(const DistTensor& a, const DistTensor& b);
+DistTensor div(const DistTensor& a, const DistTensor& b);
+DistTensor pow(const DistTensor& a, const DistTensor& b);
+DistTensor maximum(const DistTensor& a, const DistTensor& b);
+DistTensor minimum(const DistTensor& a, const DistTensor& b);
+DistTensor eq(const DistTensor& a, const DistTensor& b);
+DistTensor ne(const DistTensor& a, const DistTensor& b);
+DistTensor lt(const DistTensor& a, const DistTensor& b);
+DistTensor le(const DistTensor& a, const DistTensor& b);
+DistTensor gt(const DistTensor& a, const DistTensor& b);
+DistTensor ge(const DistTensor& a, const DistTensor& b);
+DistTensor add(const DistTensor& a, double s);
+DistTensor sub(const DistTensor& a, double s);
+DistTensor mul(const DistTensor& a, double s);
+DistTensor div(const DistTensor& a, double s);
+DistTensor pow(const DistTensor& a, double s);
+DistTensor maximum(const DistTensor& a, double s);
+DistTensor minimum(const DistTensor& a, double s);
+DistTensor where(const DistTensor& cond, const DistTensor& a, const DistTensor& b);
+
+inline DistTensor operator+(const DistTensor& a, const DistTensor& b) { return add(a, b); }
+inline DistTensor operator-(const DistTensor& a, const DistTensor& b) { return sub(a, b); }
+inline DistTensor operator*(const DistTensor& a, const DistTensor& b) { return mul(a, b); }
+inline DistTensor operator/(const DistTensor& a, const DistTensor& b) { return div(a, b); }
+inline DistTensor operator+(const DistTensor& a, double s) { return add(a, s); }
+inline DistTensor operator-(const DistTensor& a, double s) { return sub(a, s); }
+inline DistTensor operator*(const DistTensor& a, double s) { return mul(a, s); }
+inline DistTensor operator/(const DistTensor& a, double s) { return div(a, s); }
+inline DistTensor operator-(const DistTensor& a) { return neg(a); }
+inline DistTensor operator+(const DistTensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b); }
+inline DistTensor operator*(const DistTensor& a, const Tensor& b) { return binary(BinaryOp::Mul, a, b); }
+
+// ---- reductions ----------------------------------------------------------------------
+// Reducing a sharded dim gives Partial (sum) or runs the needed collective; mean
+// divides by the global count, exact on uneven shards.
+DistTensor sum(const DistTensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DistTensor mean(const DistTensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DistTensor amax(const DistTensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DistTensor amin(const DistTensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DistTensor var(const DistTensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
+               bool keepdim = false);
+DistTensor argmax(const DistTensor& a, int64_t dim, bool keepdim = false);
+
+// ---- linear algebra --------------------------------------------------------------------
+DistTensor matmul(const DistTensor& a, const DistTensor& b);
+DistTensor matmul(const DistTensor& a, const Tensor& b);
+DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias = std::nullopt);
+
+// ---- neural-network ops -------------------------------------------------------------------
+DistTensor softmax(const DistTensor& a, int64_t dim);
+DistTensor log_softmax(const DistTensor& a, int64_t dim);
+DistTensor layer_norm(const DistTensor& x, const Shape& normalized_shape,
+                      const std::optional<DistTensor>& weight = std::nullopt,
+                      const std::optional<DistTensor>& bias = std::nullopt, double eps = 1e-5);
+DistTensor rms_norm(const DistTensor& x, const Shape& normalized_shape,
+                    const std::optional<DistTensor>& weight = std::nullopt, double eps = 1e-6);
+// table [V, D] sharded on rows (vocab-parallel: masked lookup -> Partial) or columns.
+DistTensor embedding(const DistTensor& table, const DistTensor& ids);
+// logits [N, C] (any sharding, the class dim included: never gathered), targets [N].
+DistTensor cross_entropy(const DistTensor& logits, const DistTensor& targets,
+                         LossReduction reduction = LossReduction::Mean, int64_t ignore_index = -100);
+// q, k, v [..., S, Dh]; heads sharded -> local. Scale 1/sqrt(Dh).
+DistTensor scaled_dot_product_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v,
+                                        bool causal = false);
+// Zeroes elements with probability p and scales the rest by 1/(1-p). The mask is a
+// function of (seed, global element index): the same for any mesh and placement.
+DistTensor dropout(const DistTensor& a, double p, uint64_t seed, bool training = true);
+
+// ---- shape ops ---------------------------------------------------------------------------
+DistTensor transpose(const DistTensor& a, int64_t dim0, int64_t dim1);
+DistTensor permute(const DistTensor& a, const std::vector<int64_t>& dims);
+// Keeps sharding where the sharded dim maps cleanly (flatten with the sharded dim
+// outermost, split of a sharded dim that stays outermost); otherwise redistributes.
+DistTensor reshape(const DistTensor& a, const Shape& shape);
+DistTensor view(const DistTensor& a, const Shape& shape);
+DistTensor flatten(const DistTensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
+DistTensor slice(const DistTensor& a, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
+DistTensor cat(const std::vector<DistTensor>& tensors, int64_t dim);
+DistTensor stack(const std::vector<DistTensor>& tensors, int64_t dim);
+std::vector<DistTensor> split(const DistTensor& a, const std::vector<int64_t>& sizes, int64_t dim);
+std::vector<DistTensor> chunk(const DistTensor& a, int64_t k, int64_t dim);
+DistTensor expand(const DistTensor& a, const Shape& shape);
+DistTensor squeeze(const DistTensor& a, int64_t dim);
+DistTensor unsqueeze(const DistTensor& a, int64_t dim);
+
+// Records, while alive, every strategy decision ops make on this rank (one line
+// each: op, input layouts, chosen redistributions, output layout, cost). With
+// DTENSOR_DEBUG=dispatch, rank 0 also prints each new decision to stderr.
+class DispatchTrace {
+ public:
+  DispatchTrace();
+  ~DispatchTrace();
+  DispatchTrace(const DispatchTrace&) = delete;
+  DispatchTrace& operator=(const DispatchTrace&) = delete;
+  const std::vector<std::string>& decisions() const { return decisions_; }
+  std::string to_string() const;
+  void add(std::string line) { decisions_.push_back(std::move(line)); }
+
+ private:
+  std::vector<std::string> decisions_;
+  DispatchTrace* previous_ = nullptr;
+};
+
+}  // namespace dtensor

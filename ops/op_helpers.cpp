@@ -1,0 +1,81 @@
+// Shared machinery of the op families: einsum-driven dispatch and broadcasting.
+#include "ops/op_helpers.h"
+
+namespace dtensor::ops {
+
+std::string letters(int64_t ndim) {
+  std::string out;
+  for (int64_t i = 0; i < ndim; ++i) out += static_cast<char>('a' + i);
+  return out;
+}
+
+DistTensor run_with_strategy(const std::vector<DistTensor>& inputs, const dispatch::Strategy& strategy,
+                             const Shape& out_shape, const LocalFn& local) {
+  std::vector<Tensor> locals;
+  locals.reserve(inputs.size());
+  // The op records its own backward against its original inputs; the input
+  // redistributions here are not recorded separately.
+  NoGradGuard no_grad;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    if (inputs[j].placements() == strategy.inputs[j]) {
+      locals.push_back(inputs[j].to_local());
+    } else {
+      locals.push_back(inputs[j].redistribute(strategy.inputs[j]).to_local());
+    }
+  }
+  return dispatch::wrap(local(locals), inputs[0].mesh(), strategy.output, out_shape);
+}
+
+DistTensor run_einsum(const char* op, const std::vector<int64_t>& attributes,
+                      const std::vector<DistTensor>& inputs, const dispatch::EinsumSpec& spec,
+                      const Shape& out_shape, const LocalFn& local) {
+  return run_einsum_lazy(op, attributes, inputs, [&] { return spec; }, out_shape, local);
+}
+
+DistTensor run_pointwise(const char* op, const std::vector<int64_t>& attributes,
+                         const std::vector<DistTensor>& inputs, dispatch::PartialRule partial,
+                         std::vector<bool> partial_inputs, const LocalFn& local) {
+  Shape out_shape = inputs[0].shape();
+  for (size_t j = 1; j < inputs.size(); ++j) {
+    if (inputs[j].shape() != out_shape) out_shape = broadcast_shapes(out_shape, inputs[j].shape(), op);
+  }
+  return run_einsum_lazy(
+      op, attributes, inputs,
+      [&] {
+        dispatch::EinsumSpec spec;
+        for (const DistTensor& t : inputs) spec.inputs.push_back(dispatch::broadcast_letters(t.shape(), out_shape));
+        spec.output = letters(static_cast<int64_t>(out_shape.size()));
+        spec.partial = partial;
+        spec.partial_inputs = partial_inputs;
+        return spec;
+      },
+      out_shape, local);
+}
+
+DistTensor sum_to(const DistTensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
+  std::vector<int64_t> leading, stretched;
+  for (int64_t d = 0; d < lead; ++d) leading.push_back(d);
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1 && grad.shape()[lead + d] != 1) stretched.push_back(static_cast<int64_t>(d));
+  }
+  DistTensor out = leading.empty() ? grad : sum(grad, leading, false);
+  return stretched.empty() ? out : sum(out, stretched, true);
+}
+
+DistTensor cast(const DistTensor& a, DType dtype) {
+  if (a.dtype() == dtype) return a;
+  DistTensor out = run_pointwise("cast", {static_cast<int64_t>(dtype)}, {a}, dispatch::PartialRule::OneOf, {},
+                                 [dtype](const std::vector<Tensor>& l) { return l[0].to(dtype); });
+  const DType from = a.dtype();
+  return with_grad(out, "cast", {a}, [from](const std::vector<DistTensor>& g) {
+    return std::vector<DistTensor>{cast(g[0], from)};
+  });
+}
+
+}  // namespace dtensor::ops
+
+namespace dtensor {
+DistTensor DistTensor::to(DType dtype) const { return ops::cast(*this, dtype); }
+}  // namespace dtensor

@@ -1,0 +1,61 @@
+// Helpers shared by the op families in ops/ (internal).
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dist/dispatch.h"
+#include "dtensor/autograd.h"
+#include "dtensor/ops.h"
+
+namespace dtensor::ops {
+
+using LocalFn = std::function<Tensor(const std::vector<Tensor>& locals)>;
+
+// Runs an op described by an einsum spec: choose (cached) strategy, redistribute,
+// run `local` on the local tensors, wrap with the output placements and `out_shape`.
+// No autograd: callers record their own backward.
+DistTensor run_einsum(const char* op, const std::vector<int64_t>& attributes,
+                      const std::vector<DistTensor>& inputs, const dispatch::EinsumSpec& spec,
+                      const Shape& out_shape, const LocalFn& local);
+
+// The same with the spec built only on a strategy-cache miss (hot ops: a hit then
+// builds no strings).
+DistTensor run_with_strategy(const std::vector<DistTensor>& inputs, const dispatch::Strategy& strategy,
+                             const Shape& out_shape, const LocalFn& local);
+template <class SpecFn>
+DistTensor run_einsum_lazy(const char* op, const std::vector<int64_t>& attributes,
+                           const std::vector<DistTensor>& inputs, SpecFn&& spec_fn, const Shape& out_shape,
+                           const LocalFn& local) {
+  dispatch::common_mesh(inputs, op);
+  const dispatch::Strategy& strategy = dispatch::cached_strategy(
+      op, attributes, inputs, [&] { return dispatch::einsum_strategies(spec_fn(), inputs); });
+  return run_with_strategy(inputs, strategy, out_shape, local);
+}
+
+// A pointwise op over broadcast inputs (NumPy alignment): the output has the
+// broadcast shape and the letters "abc..." of its dims.
+DistTensor run_pointwise(const char* op, const std::vector<int64_t>& attributes,
+                         const std::vector<DistTensor>& inputs, dispatch::PartialRule partial,
+                         std::vector<bool> partial_inputs, const LocalFn& local);
+
+// The gradient `grad` of a broadcast result summed back to `shape` (the inverse of
+// broadcasting: leading dims and stretched size-1 dims are summed).
+DistTensor sum_to(const DistTensor& grad, const Shape& shape);
+
+// The same values in another dtype (placements unchanged).
+DistTensor cast(const DistTensor& a, DType dtype);
+
+// Records a single-output op's backward.
+inline DistTensor with_grad(DistTensor out, const std::string& name, const std::vector<DistTensor>& inputs,
+                            autograd::BackwardFn backward) {
+  std::vector<DistTensor> outs{out};
+  autograd::record(name, inputs, outs, std::move(backward));
+  return outs[0];
+}
+
+// The letters "abc..." for a tensor of `ndim` dims.
+std::string letters(int64_t ndim);
+
+}  // namespace dtensor::ops

@@ -1,0 +1,54 @@
+// Partial(op) -> Replicate on one mesh dim: all-reduce with op.
+#include "placements/transform.h"
+
+namespace dtensor::redistribution {
+namespace {
+
+class AllReduceTransform final : public Transform {
+ public:
+  TransformKind kind() const override { return TransformKind::AllReduce; }
+
+  void moves(const Placements& from, const Placements&, const Shape& mesh_shape, int64_t ndim,
+             std::vector<Move>& out) const override {
+    for (size_t i = 0; i < from.size(); ++i) {
+      if (mesh_shape[i] > 1 && from[i].is_partial()) {
+        const int m = static_cast<int>(i);
+        out.push_back({kind(), m, canonicalize(with_placement(from, m, Replicate()), ndim)});
+      }
+    }
+  }
+
+  double predict(const StepContext& ctx, const CostModel& model) const override {
+    const int64_t bytes = max_local_numel(ctx.global_shape, ctx.mesh.shape(), ctx.from) *
+                          static_cast<int64_t>(dtype_size(ctx.dtype));
+    return model.all_reduce(bytes, ctx.mesh.size(ctx.mesh_dim));
+  }
+
+  Footprint footprint(const StepContext& ctx) const override {
+    const auto block = local_block(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate());
+    return {"all_reduce", 1, ranges_numel(block) * static_cast<int64_t>(dtype_size(ctx.dtype))};
+  }
+
+  Tensor apply(const Tensor& local, const StepContext& ctx) const override {
+    return start(local, ctx).finish();
+  }
+
+  StartedStep start(const Tensor& local, const StepContext& ctx) const override {
+    Tensor out = Tensor::empty(local.shape(), local.dtype(), local.device());
+    Work work = all_reduce_async(ctx.mesh.group(ctx.mesh_dim), local, out,
+                                 ctx.from[ctx.mesh_dim].reduce_op());
+    return {work, [work, out]() mutable {
+              work.wait();
+              return out;
+            }};
+  }
+};
+
+}  // namespace
+
+const Transform& all_reduce_transform() {
+  static const AllReduceTransform transform;
+  return transform;
+}
+
+}  // namespace dtensor::redistribution

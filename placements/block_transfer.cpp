@@ -1,0 +1,170 @@
+// Any layout -> any layout with the same Partial mesh dims, in one point-to-point
+// exchange over the whole mesh.
+//
+// Every rank's block before and after is known everywhere (local_block), so each
+// rank sends every other rank exactly the intersection of what it holds with what
+// the other needs, and nothing else. When a block is replicated (or partial) over
+// some mesh dims, several ranks hold it; the sender for receiver q is the holder
+// that agrees with q on every mesh dim that does not shard the source, so partial
+// values never mix across partial coordinates and a rank that already holds what
+// it needs copies it locally. This is the path for changes on several mesh dims at
+// once, e.g. (S(0),S(1)) -> (S(1),S(0)), where per-dim collectives would first
+// have to gather.
+#include <algorithm>
+
+#include "placements/transform.h"
+
+namespace dtensor::redistribution {
+namespace {
+
+using Block = std::vector<Range>;
+
+std::vector<int64_t> coordinate_of(int64_t linear, const Shape& mesh_shape) {
+  std::vector<int64_t> coordinate(mesh_shape.size());
+  for (size_t i = mesh_shape.size(); i-- > 0;) {
+    coordinate[i] = linear % mesh_shape[i];
+    linear /= mesh_shape[i];
+  }
+  return coordinate;
+}
+
+Block intersect(const Block& a, const Block& b) {
+  Block out(a.size());
+  for (size_t d = 0; d < a.size(); ++d) {
+    const int64_t lo = std::max(a[d].offset, b[d].offset);
+    const int64_t hi = std::min(a[d].end(), b[d].end());
+    out[d] = {lo, std::max<int64_t>(hi - lo, 0)};
+  }
+  return out;
+}
+
+// `t` holds `held`; the view of the sub-block `part` of it.
+Tensor view_of(const Tensor& t, const Block& held, const Block& part) {
+  Tensor v = t;
+  for (size_t d = 0; d < part.size(); ++d) v = v.narrow(static_cast<int64_t>(d), part[d].offset - held[d].offset, part[d].length);
+  return v;
+}
+
+// Does the holder at `sender` serve receiver `receiver`? Only when they agree on
+// every mesh dim that does not shard the source layout.
+bool serves(const std::vector<int64_t>& sender, const std::vector<int64_t>& receiver,
+            const Placements& from, const Shape& mesh_shape) {
+  for (size_t i = 0; i < mesh_shape.size(); ++i) {
+    const bool splits = from[i].is_shard() && mesh_shape[i] > 1;
+    if (!splits && sender[i] != receiver[i]) return false;
+  }
+  return true;
+}
+
+struct Traffic {
+  int64_t bytes = 0;
+  int64_t peers = 0;
+};
+
+// What the rank at `me` sends to other ranks.
+Traffic sends_of(const std::vector<int64_t>& me, const StepContext& ctx, const Shape& mesh_shape) {
+  Traffic traffic;
+  const Block mine = local_block(ctx.global_shape, mesh_shape, ctx.from, me);
+  for (int64_t q = 0; q < shape_numel(mesh_shape); ++q) {
+    const std::vector<int64_t> receiver = coordinate_of(q, mesh_shape);
+    if (receiver == me || !serves(me, receiver, ctx.from, mesh_shape)) continue;
+    const int64_t n = ranges_numel(intersect(mine, local_block(ctx.global_shape, mesh_shape, ctx.to, receiver)));
+    if (n > 0) {
+      traffic.bytes += n * static_cast<int64_t>(dtype_size(ctx.dtype));
+      ++traffic.peers;
+    }
+  }
+  return traffic;
+}
+
+class BlockTransferTransform final : public Transform {
+ public:
+  TransformKind kind() const override { return TransformKind::BlockTransfer; }
+
+  void moves(const Placements& from, const Placements& target, const Shape& mesh_shape,
+             int64_t ndim, std::vector<Move>& out) const override {
+    // Towards the target with this layout's Partial dims kept as they are (and the
+    // target's other Partial dims replicated, to be re-partitioned locally after).
+    Placements next = target;
+    for (size_t i = 0; i < next.size(); ++i) {
+      if (from[i].is_partial()) {
+        next[i] = from[i];
+      } else if (next[i].is_partial()) {
+        next[i] = Replicate();
+      }
+    }
+    next = canonicalize(next, ndim);
+    if (layout_key(next, mesh_shape, ndim) != layout_key(from, mesh_shape, ndim)) {
+      out.push_back({kind(), -1, next});
+    }
+  }
+
+  double predict(const StepContext& ctx, const CostModel& model) const override {
+    const Shape& mesh_shape = ctx.mesh.shape();
+    Traffic worst;
+    for (int64_t r = 0; r < shape_numel(mesh_shape); ++r) {
+      const Traffic t = sends_of(coordinate_of(r, mesh_shape), ctx, mesh_shape);
+      worst.bytes = std::max(worst.bytes, t.bytes);
+      worst.peers = std::max(worst.peers, t.peers);
+    }
+    const int64_t out_bytes = max_local_numel(ctx.global_shape, mesh_shape, ctx.to) *
+                              static_cast<int64_t>(dtype_size(ctx.dtype));
+    return model.point_to_point(worst.bytes, worst.peers) + model.local_copy(out_bytes);
+  }
+
+  Footprint footprint(const StepContext& ctx) const override {
+    const Traffic t = sends_of(ctx.mesh.coordinate(), ctx, ctx.mesh.shape());
+    return {"send", t.peers, t.bytes};
+  }
+
+  Tensor apply(const Tensor& local, const StepContext& ctx) const override {
+    const Shape& mesh_shape = ctx.mesh.shape();
+    const std::vector<int64_t>& me = ctx.mesh.coordinate();
+    const Block mine_before = local_block(ctx.global_shape, mesh_shape, ctx.from, me);
+    const Block mine_after = local_block(ctx.global_shape, mesh_shape, ctx.to, me);
+    Shape out_shape;
+    for (const Range& r : mine_after) out_shape.push_back(r.length);
+    Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
+
+    std::vector<P2POp> ops;
+    std::vector<std::pair<Tensor, Block>> received;
+    for (int64_t q = 0; q < shape_numel(mesh_shape); ++q) {
+      const std::vector<int64_t> other = coordinate_of(q, mesh_shape);
+      // What I send to `other` (or copy to myself).
+      if (serves(me, other, ctx.from, mesh_shape)) {
+        const Block part = intersect(mine_before, local_block(ctx.global_shape, mesh_shape, ctx.to, other));
+        if (ranges_numel(part) > 0) {
+          const Tensor piece = view_of(local, mine_before, part);
+          if (other == me) {
+            view_of(out, mine_after, part).copy_(piece);
+          } else {
+            ops.push_back(P2POp::send(piece.contiguous(), static_cast<int>(q)));
+          }
+        }
+      }
+      // What `other` sends me.
+      if (other != me && serves(other, me, ctx.from, mesh_shape)) {
+        const Block part = intersect(local_block(ctx.global_shape, mesh_shape, ctx.from, other), mine_after);
+        if (ranges_numel(part) > 0) {
+          Shape part_shape;
+          for (const Range& r : part) part_shape.push_back(r.length);
+          Tensor buffer = Tensor::empty(part_shape, local.dtype(), local.device());
+          ops.push_back(P2POp::recv(buffer, static_cast<int>(q)));
+          received.emplace_back(buffer, part);
+        }
+      }
+    }
+    if (!ops.empty()) batch_send_recv(ctx.mesh.group(), ops);
+    for (const auto& [buffer, part] : received) view_of(out, mine_after, part).copy_(buffer);
+    return out;
+  }
+};
+
+}  // namespace
+
+const Transform& block_transfer_transform() {
+  static const BlockTransferTransform transform;
+  return transform;
+}
+
+}  // namespace dtensor::redistribution

@@ -1,0 +1,129 @@
+// Dijkstra over layouts: states are placement lists (with their shard nesting),
+// edges are the moves the transforms offer, weights their predicted seconds under
+// the alpha-beta model plus a nanosecond per step so that, at equal cost, fewer
+// steps win. Ties are broken by the layout key, so every rank picks the same plan.
+#include "placements/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+namespace dtensor::redistribution {
+namespace {
+
+constexpr double kStepPenalty = 1e-9;
+constexpr size_t kMaxStates = 200000;
+
+struct Node {
+  double cost = 0;
+  Placements placements;
+  std::string parent;  // key of the previous layout ("" at the start)
+  PlannedStep step;    // how we got here
+};
+
+std::string cache_key(const Placements& from, const Placements& to, const Shape& shape,
+                      const DeviceMesh& mesh, DType dtype) {
+  std::ostringstream key;
+  key << placements_to_string(from) << '>' << placements_to_string(to) << '|'
+      << shape_to_string(shape) << '|' << shape_to_string(mesh.shape()) << '|'
+      << dtype_size(dtype) << '|' << mesh.group().backend();
+  return key.str();
+}
+
+std::shared_ptr<const Plan> search(const Placements& from, const Placements& to, const Shape& shape,
+                                   const DeviceMesh& mesh, DType dtype) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  const Shape& mesh_shape = mesh.shape();
+  const CostModel model = CostModel::for_backend(mesh.group().backend());
+  const Placements target = canonicalize(to, ndim);
+  const std::string goal = layout_key(target, mesh_shape, ndim);
+
+  // A size-1 mesh dim splits nothing and reduces nothing: its placement can be
+  // relabelled to the target's for free.
+  Placements start = from;
+  for (size_t i = 0; i < start.size(); ++i) {
+    if (mesh_shape[i] == 1) start[i] = target[i];
+  }
+  start = canonicalize(start, ndim);
+
+  std::unordered_map<std::string, Node> best;
+  using Entry = std::pair<double, std::string>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> frontier;
+  const std::string start_key = layout_key(start, mesh_shape, ndim);
+  best[start_key] = Node{0, start, "", {}};
+  frontier.push({0, start_key});
+  std::vector<Move> moves;
+  while (!frontier.empty()) {
+    const auto [cost, key] = frontier.top();
+    frontier.pop();
+    if (cost > best[key].cost) continue;  // stale entry
+    if (key == goal) break;
+    const Placements here = best[key].placements;
+    for (const Transform* transform : all_transforms()) {
+      moves.clear();
+      transform->moves(here, target, mesh_shape, ndim, moves);
+      for (const Move& move : moves) {
+        if (!partials_compatible(move.after)) continue;
+        const StepContext ctx{mesh, shape, dtype, here, move.after, move.mesh_dim};
+        const double seconds = transform->predict(ctx, model);
+        const double next_cost = cost + seconds + kStepPenalty;
+        const std::string next_key = layout_key(move.after, mesh_shape, ndim);
+        auto it = best.find(next_key);
+        if (it != best.end() && it->second.cost <= next_cost) continue;
+        best[next_key] = Node{next_cost, move.after, key,
+                              PlannedStep{move.kind, move.mesh_dim, here, move.after, seconds}};
+        frontier.push({next_cost, next_key});
+      }
+    }
+    DT_CHECK_SUPPORTED(best.size() < kMaxStates, "redistribute", "the planner explored ", best.size(),
+                       " layouts without reaching ", placements_to_string(to));
+  }
+  DT_CHECK_SUPPORTED(best.count(goal), "redistribute", "no path from ", placements_to_string(from),
+                     " to ", placements_to_string(to));
+
+  auto plan = std::make_shared<Plan>();
+  for (std::string key = goal; key != start_key; key = best[key].parent) {
+    plan->steps.push_back(best[key].step);
+  }
+  std::reverse(plan->steps.begin(), plan->steps.end());
+  for (const PlannedStep& step : plan->steps) plan->predicted_seconds += step.predicted_seconds;
+  return plan;
+}
+
+std::mutex cache_mutex;
+std::map<std::string, std::shared_ptr<const Plan>>& cache() {
+  static std::map<std::string, std::shared_ptr<const Plan>> plans;
+  return plans;
+}
+
+}  // namespace
+
+std::shared_ptr<const Plan> find_plan(const Placements& from, const Placements& to,
+                                      const Shape& shape, const DeviceMesh& mesh, DType dtype) {
+  const std::string key = cache_key(from, to, shape, mesh, dtype);
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    auto it = cache().find(key);
+    if (it != cache().end()) return it->second;
+  }
+  // Searched outside the lock: ranks (threads) planning different layouts do not
+  // wait for each other; two ranks planning the same one compute the same plan.
+  std::shared_ptr<const Plan> plan = search(from, to, shape, mesh, dtype);
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  return cache().emplace(key, plan).first->second;
+}
+
+size_t plan_cache_size() {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  return cache().size();
+}
+
+void clear_plan_cache() {
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  cache().clear();
+}
+
+}  // namespace dtensor::redistribution

@@ -1,0 +1,124 @@
+// Helpers shared by the public collective functions (collectives.cpp,
+// rooted_collectives.cpp, point_to_point.cpp): argument checks, contiguous
+// buffers for the backend, and the Work that keeps tensors alive and copies
+// results into non-contiguous outputs.
+#pragma once
+
+#include <numeric>
+#include <vector>
+
+#include "dtensor/comm_backend.h"
+#include "dtensor/error.h"
+#include "dtensor/group.h"
+
+namespace dtensor::comm {
+
+inline GroupImpl& backend_of(const Group& group, const char* op) {
+  DT_CHECK_ARG(group.defined(), op, "expected a defined group, got an undefined one "
+               "(split with a negative color returns one)");
+  return *group.impl();
+}
+
+inline void check_tensor(const Group& group, const Tensor& t, const char* op, const char* what) {
+  DT_CHECK_ARG(t.defined(), op, "expected a defined ", what, " tensor, got an undefined one");
+  DT_CHECK_SUPPORTED(t.device().is_cpu(), op, "the ", group.backend(), " backend needs CPU tensors, got ",
+                     what, " on ", t.device().to_string());
+}
+
+inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
+  DT_CHECK_ARG(a.dtype() == b.dtype(), op, "input is ", dtype_name(a.dtype()), " but output is ",
+               dtype_name(b.dtype()));
+}
+
+inline void check_root(const Group& group, int root, const char* op) {
+  DT_CHECK_ARG(root >= 0 && root < group.size(), op, "root must be in [0, ", group.size(),
+               "), got ", root);
+}
+
+// dst <- src unless they are already the same memory.
+inline void copy_into(const Tensor& dst, const Tensor& src) {
+  if (dst.data_ptr() == src.data_ptr() && dst.is_contiguous() && src.is_contiguous()) return;
+  Tensor handle = dst;  // a handle copy: copy_ writes the shared storage
+  handle.copy_(src);
+}
+
+// Where a backend writes a result: the output itself when contiguous, else a
+// temporary copied into it when the operation completes.
+struct Output {
+  Tensor user;
+  Tensor buffer;
+  bool needs_copy() const { return !user.is_contiguous(); }
+};
+inline Output writable(const Tensor& t) {
+  return t.is_contiguous() ? Output{t, t} : Output{t, Tensor::empty(t.shape(), t.dtype())};
+}
+
+// Keeps the tensors of an async call alive and copies results out once done.
+class FinishingWork final : public WorkImpl {
+ public:
+  FinishingWork(WorkPtr inner, std::vector<Tensor> keep, std::vector<Output> outs)
+      : inner_(std::move(inner)), keep_(std::move(keep)), outs_(std::move(outs)) {}
+  void wait() override {
+    if (inner_) inner_->wait();
+    if (!finished_) {
+      finished_ = true;
+      for (Output& out : outs_) {
+        if (out.user.defined() && out.needs_copy()) out.user.copy_(out.buffer);
+      }
+      keep_.clear();
+    }
+  }
+  bool is_completed() override { return !inner_ || inner_->is_completed(); }
+
+ private:
+  WorkPtr inner_;
+  std::vector<Tensor> keep_;
+  std::vector<Output> outs_;
+  bool finished_ = false;
+};
+
+inline Work finish(WorkPtr inner, std::vector<Tensor> keep, Output out, bool async) {
+  auto work = std::make_shared<FinishingWork>(std::move(inner), std::move(keep),
+                                              std::vector<Output>{std::move(out)});
+  if (!async) {
+    work->wait();
+    return Work();
+  }
+  return Work(work);
+}
+
+inline Shape with_dim(Shape shape, int d, int64_t size) {
+  shape[d] = size;
+  return shape;
+}
+
+inline int64_t product(const Shape& shape, int begin, int end) {
+  int64_t p = 1;
+  for (int i = begin; i < end; ++i) p *= shape[i];
+  return p;
+}
+
+// Every rank's `mine`, in rank order (not counted by CommDebugMode).
+inline std::vector<int64_t> exchange_sizes(const Group& group, int64_t mine) {
+  const int n = group.size();
+  std::vector<int64_t> all(n);
+  group.impl()->all_gather(&mine, all.data(), std::vector<int64_t>(n, 1), 1, DType::I64, false);
+  return all;
+}
+
+inline std::vector<int64_t> chunk_sizes(int64_t total, int n) {
+  const int64_t c = (total + n - 1) / n;
+  std::vector<int64_t> sizes(n);
+  for (int r = 0; r < n; ++r) sizes[r] = std::clamp<int64_t>(total - r * c, 0, c);
+  return sizes;
+}
+
+inline int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+inline std::vector<int64_t> scaled(const std::vector<int64_t>& v, int64_t factor) {
+  std::vector<int64_t> out(v);
+  for (auto& x : out) x *= factor;
+  return out;
+}
+
+}  // namespace dtensor::comm

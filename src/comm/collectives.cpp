@@ -1,0 +1,303 @@
+// The public reducing and gathering collectives: all_reduce, all_gather,
+// reduce_scatter, all_to_all. Each checks tensors, makes buffers contiguous,
+// allocates outputs, counts the call and hands raw buffers to the backend.
+#include "comm/collective_args.h"
+#include "comm/reduce.h"
+#include "dtensor/comm_debug.h"
+
+namespace dtensor {
+namespace {
+
+using namespace comm;
+
+// ---- implementations shared by the sync and async forms -------------------------------
+
+Work all_reduce_impl(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
+                     bool async) {
+  const char* kOp = "all_reduce";
+  comm::GroupImpl& backend = backend_of(group, kOp);
+  check_tensor(group, input, kOp, "input");
+  check_tensor(group, output, kOp, "output");
+  check_same_dtype(input, output, kOp);
+  DT_CHECK_ARG(input.shape() == output.shape(), kOp, "output shape must equal input shape ",
+               input.shape(), ", got ", output.shape());
+  comm::check_reduce_supported(input.dtype(), op, kOp);
+  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  if (group.size() == 1) {
+    copy_into(output, input);
+    return Work();
+  }
+  Tensor in = input.contiguous();
+  Output out = writable(output);
+  // In place on a non-contiguous tensor: reduce in place on its contiguous copy.
+  if (out.needs_copy() && output.data_ptr() == input.data_ptr()) out.buffer = in;
+  WorkPtr w = backend.all_reduce(in.data_ptr(), out.buffer.data_ptr(), in.numel(), in.dtype(), op, async);
+  return finish(std::move(w), {in, out.buffer}, out, async);
+}
+
+Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& output, int64_t dim,
+                     std::vector<int64_t> sizes, bool async) {
+  const char* kOp = "all_gather";
+  comm::GroupImpl& backend = backend_of(group, kOp);
+  check_tensor(group, input, kOp, "input");
+  check_tensor(group, output, kOp, "output");
+  check_same_dtype(input, output, kOp);
+  const int n = group.size();
+  const int d = normalize_dim(dim, std::max<int64_t>(input.dim(), 1), kOp);
+  DT_CHECK_ARG(input.dim() >= 1, kOp, "expected a tensor with at least one dim, got a scalar");
+  if (sizes.empty()) sizes.assign(n, input.size(d));
+  DT_CHECK_ARG(static_cast<int>(sizes.size()) == n, kOp, "expected ", n, " sizes (one per rank), got ",
+               sizes.size());
+  DT_CHECK_ARG(sizes[group.rank()] == input.size(d), kOp, "sizes say rank ", group.rank(), " has ",
+               sizes[group.rank()], " along dim ", d, ", its input has ", input.size(d));
+  const Shape expected = with_dim(input.shape(), d, sum(sizes));
+  DT_CHECK_ARG(output.shape() == expected, kOp, "output shape must be ", expected, ", got ",
+               output.shape());
+  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  if (n == 1) {
+    copy_into(output, input);
+    return Work();
+  }
+  Tensor in = input.contiguous();
+  Output out = writable(output);
+  const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
+  WorkPtr w = backend.all_gather(in.data_ptr(), out.buffer.data_ptr(), scaled(sizes, inner),
+                                 product(input.shape(), 0, d), in.dtype(), async);
+  return finish(std::move(w), {in, out.buffer}, out, async);
+}
+
+Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
+                         int64_t dim, std::vector<int64_t> sizes, bool async) {
+  const char* kOp = "reduce_scatter";
+  comm::GroupImpl& backend = backend_of(group, kOp);
+  check_tensor(group, input, kOp, "input");
+  check_tensor(group, output, kOp, "output");
+  check_same_dtype(input, output, kOp);
+  comm::check_reduce_supported(input.dtype(), op, kOp);
+  DT_CHECK_ARG(input.dim() >= 1, kOp, "expected a tensor with at least one dim, got a scalar");
+  const int n = group.size();
+  const int d = normalize_dim(dim, input.dim(), kOp);
+  if (sizes.empty()) sizes = chunk_sizes(input.size(d), n);
+  DT_CHECK_ARG(static_cast<int>(sizes.size()) == n && sum(sizes) == input.size(d), kOp,
+               "expected ", n, " sizes summing to ", input.size(d), " (input size along dim ", d,
+               "), got ", Shape(sizes));
+  const Shape expected = with_dim(input.shape(), d, sizes[group.rank()]);
+  DT_CHECK_ARG(output.shape() == expected, kOp, "output shape must be ", expected, ", got ",
+               output.shape());
+  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  if (n == 1) {
+    copy_into(output, input);
+    return Work();
+  }
+  Tensor in = input.contiguous();
+  Output out = writable(output);
+  const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
+  WorkPtr w = backend.reduce_scatter(in.data_ptr(), out.buffer.data_ptr(), scaled(sizes, inner),
+                                     product(input.shape(), 0, d), in.dtype(), op, async);
+  return finish(std::move(w), {in, out.buffer}, out, async);
+}
+
+// Split sizes of all_to_all: given, or equal when empty.
+std::vector<int64_t> splits_or_equal(const std::vector<int64_t>& splits, int64_t total, int n,
+                                     const char* what) {
+  if (!splits.empty()) return splits;
+  DT_CHECK_ARG(total % n == 0, "all_to_all", "without ", what, " split sizes, dim 0 (", total,
+               ") must divide by the group size ", n);
+  return std::vector<int64_t>(n, total / n);
+}
+
+Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& output,
+                     const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
+                     bool async) {
+  const char* kOp = "all_to_all";
+  comm::GroupImpl& backend = backend_of(group, kOp);
+  check_tensor(group, input, kOp, "input");
+  check_tensor(group, output, kOp, "output");
+  check_same_dtype(input, output, kOp);
+  DT_CHECK_ARG(input.dim() >= 1 && output.dim() == input.dim(), kOp,
+               "expected input and output with the same number (>= 1) of dims, got ",
+               input.shape(), " and ", output.shape());
+  const int n = group.size();
+  for (const auto* splits : {&in_splits, &out_splits}) {
+    DT_CHECK_ARG(splits->empty() || static_cast<int>(splits->size()) == n, kOp, "expected ", n,
+                 " split sizes, got ", Shape(*splits));
+  }
+  const auto send = splits_or_equal(in_splits, input.size(0), n, "input");
+  const auto recv = splits_or_equal(out_splits, output.size(0), n, "output");
+  DT_CHECK_ARG(sum(send) == input.size(0) && sum(recv) == output.size(0), kOp,
+               "split sizes must sum to dim 0: input ", input.shape(), " with ", Shape(send),
+               ", output ", output.shape(), " with ", Shape(recv));
+  Shape rest_in(input.shape().begin() + 1, input.shape().end());
+  Shape rest_out(output.shape().begin() + 1, output.shape().end());
+  DT_CHECK_ARG(rest_in == rest_out, kOp, "input and output must agree after dim 0, got ",
+               input.shape(), " and ", output.shape());
+  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  if (n == 1) {
+    copy_into(output, input);
+    return Work();
+  }
+  Tensor in = input.contiguous();
+  Output out = writable(output);
+  const int64_t inner = shape_numel(rest_in);
+  WorkPtr w = backend.all_to_all(in.data_ptr(), scaled(send, inner), out.buffer.data_ptr(),
+                                 scaled(recv, inner), in.dtype(), async);
+  return finish(std::move(w), {in, out.buffer}, out, async);
+}
+
+}  // namespace
+
+// ---- public API ------------------------------------------------------------------------
+
+Tensor all_reduce(const Group& group, const Tensor& input, ReduceOp op) {
+  if (group.defined() && group.size() == 1) {
+    all_reduce_impl(group, input, input, op, false);  // checks and counts the call
+    return input;
+  }
+  DT_CHECK_ARG(input.defined(), "all_reduce", "expected a defined input tensor, got an undefined one");
+  Tensor output = Tensor::empty(input.shape(), input.dtype());
+  all_reduce_impl(group, input, output, op, false);
+  return output;
+}
+
+void all_reduce_(const Group& group, const Tensor& tensor, ReduceOp op) {
+  all_reduce_impl(group, tensor, tensor, op, false);
+}
+
+Work all_reduce_async(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op) {
+  return all_reduce_impl(group, input, output, op, true);
+}
+
+void all_reduce_into(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op) {
+  all_reduce_impl(group, input, output, op, false);
+}
+
+void all_gather_into(const Group& group, const Tensor& input, const Tensor& output, int64_t dim,
+                     const std::vector<int64_t>& sizes) {
+  all_gather_impl(group, input, output, dim, sizes, false);
+}
+
+void reduce_scatter_into(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
+                         int64_t dim, const std::vector<int64_t>& sizes) {
+  reduce_scatter_impl(group, input, output, op, dim, sizes, false);
+}
+
+void all_to_all_into(const Group& group, const Tensor& input, const Tensor& output,
+                     const std::vector<int64_t>& output_split_sizes,
+                     const std::vector<int64_t>& input_split_sizes) {
+  all_to_all_impl(group, input, output, output_split_sizes, input_split_sizes, false);
+}
+
+Tensor all_gather(const Group& group, const Tensor& input, int64_t dim,
+                  const std::vector<int64_t>& sizes) {
+  DT_CHECK_ARG(input.defined() && input.dim() >= 1, "all_gather",
+               "expected a defined tensor with at least one dim");
+  const int d = normalize_dim(dim, input.dim(), "all_gather");
+  if (backend_of(group, "all_gather").size() == 1) {
+    all_gather_impl(group, input, input, d, sizes, false);
+    return input;
+  }
+  std::vector<int64_t> all = sizes.empty() ? exchange_sizes(group, input.size(d)) : sizes;
+  DT_CHECK_ARG(static_cast<int>(all.size()) == group.size(), "all_gather", "expected ",
+               group.size(), " sizes (one per rank), got ", all.size());
+  Tensor output = Tensor::empty(with_dim(input.shape(), d, sum(all)), input.dtype());
+  all_gather_impl(group, input, output, d, all, false);
+  return output;
+}
+
+std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
+  const char* kOp = "all_gather";
+  comm::GroupImpl& backend = backend_of(group, kOp);
+  check_tensor(group, input, kOp, "input");
+  const int n = group.size();
+  if (n == 1) {
+    CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+    return {input};
+  }
+  // Shapes first (a fixed record per rank: ndim then up to 8 dims), then the data.
+  constexpr int kMaxDims = 8;
+  DT_CHECK_SUPPORTED(input.dim() <= kMaxDims, kOp, "list form supports up to ", kMaxDims,
+                     " dims, got ", input.shape());
+  std::vector<int64_t> record(kMaxDims + 1, 0), records(static_cast<size_t>(n) * (kMaxDims + 1));
+  record[0] = input.dim();
+  std::copy(input.shape().begin(), input.shape().end(), record.begin() + 1);
+  backend.all_gather(record.data(), records.data(), std::vector<int64_t>(n, kMaxDims + 1), 1,
+                     DType::I64, false);
+  std::vector<Shape> shapes(n);
+  std::vector<int64_t> counts(n);
+  for (int r = 0; r < n; ++r) {
+    const int64_t* rec = records.data() + r * (kMaxDims + 1);
+    shapes[r] = Shape(rec + 1, rec + 1 + rec[0]);
+    counts[r] = shape_numel(shapes[r]);
+  }
+  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  Tensor in = input.contiguous();
+  Tensor flat = Tensor::empty({sum(counts)}, input.dtype());
+  backend.all_gather(in.data_ptr(), flat.data_ptr(), counts, 1, input.dtype(), false);
+  std::vector<Tensor> result;
+  int64_t offset = 0;
+  for (int r = 0; r < n; ++r) {
+    result.push_back(flat.narrow(0, offset, counts[r]).view(shapes[r]));
+    offset += counts[r];
+  }
+  return result;
+}
+
+Work all_gather_async(const Group& group, const Tensor& input, const Tensor& output, int64_t dim,
+                      const std::vector<int64_t>& sizes) {
+  return all_gather_impl(group, input, output, dim, sizes, true);
+}
+
+Tensor reduce_scatter(const Group& group, const Tensor& input, ReduceOp op, int64_t dim,
+                      const std::vector<int64_t>& sizes) {
+  DT_CHECK_ARG(input.defined() && input.dim() >= 1, "reduce_scatter",
+               "expected a defined tensor with at least one dim");
+  const int n = backend_of(group, "reduce_scatter").size();
+  const int d = normalize_dim(dim, input.dim(), "reduce_scatter");
+  if (n == 1) {
+    reduce_scatter_impl(group, input, input, op, d, sizes, false);
+    return input;
+  }
+  const std::vector<int64_t> pieces = sizes.empty() ? chunk_sizes(input.size(d), n) : sizes;
+  DT_CHECK_ARG(static_cast<int>(pieces.size()) == n, "reduce_scatter", "expected ", n,
+               " sizes (one per rank), got ", pieces.size());
+  Tensor output = Tensor::empty(with_dim(input.shape(), d, pieces[group.rank()]), input.dtype());
+  reduce_scatter_impl(group, input, output, op, d, pieces, false);
+  return output;
+}
+
+Work reduce_scatter_async(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
+                          int64_t dim, const std::vector<int64_t>& sizes) {
+  return reduce_scatter_impl(group, input, output, op, dim, sizes, true);
+}
+
+Tensor all_to_all(const Group& group, const Tensor& input, const std::vector<int64_t>& output_split_sizes,
+                  const std::vector<int64_t>& input_split_sizes) {
+  DT_CHECK_ARG(input.defined() && input.dim() >= 1, "all_to_all",
+               "expected a defined tensor with at least one dim");
+  const int n = backend_of(group, "all_to_all").size();
+  if (n == 1) {
+    all_to_all_impl(group, input, input, output_split_sizes, input_split_sizes, false);
+    return input;
+  }
+  std::vector<int64_t> recv = output_split_sizes;
+  if (recv.empty() && !input_split_sizes.empty()) {
+    // Unequal inputs, unknown outputs: every rank tells each peer what it will send.
+    DT_CHECK_ARG(static_cast<int>(input_split_sizes.size()) == n, "all_to_all", "expected ", n,
+                 " input split sizes, got ", Shape(input_split_sizes));
+    recv.assign(n, 0);
+    const std::vector<int64_t> ones(n, 1);
+    group.impl()->all_to_all(input_split_sizes.data(), ones, recv.data(), ones, DType::I64, false);
+  }
+  const int64_t rows = recv.empty() ? input.size(0) : sum(recv);
+  Tensor output = Tensor::empty(with_dim(input.shape(), 0, rows), input.dtype());
+  all_to_all_impl(group, input, output, recv, input_split_sizes, false);
+  return output;
+}
+
+Work all_to_all_async(const Group& group, const Tensor& input, const Tensor& output,
+                      const std::vector<int64_t>& output_split_sizes,
+                      const std::vector<int64_t>& input_split_sizes) {
+  return all_to_all_impl(group, input, output, output_split_sizes, input_split_sizes, true);
+}
+
+}  // namespace dtensor

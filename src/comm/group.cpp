@@ -1,0 +1,185 @@
+// Group and Work handles, launch (the threads backend's entry) and init.
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "comm/mpi/mpi_backend.h"
+#include "comm/threads/threads_group.h"
+#include "dtensor/comm_backend.h"
+#include "dtensor/comm_debug.h"
+#include "dtensor/error.h"
+#include "dtensor/group.h"
+
+namespace dtensor {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::Product: return "product";
+  }
+  return "?";
+}
+
+namespace comm {
+
+const char* call_kind_name(CallKind kind) {
+  static const char* const names[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                                      "broadcast",  "gather",     "scatter",        "barrier",
+                                      "send",       "recv",       "split"};
+  return names[static_cast<int>(kind)];
+}
+
+std::chrono::milliseconds default_timeout() {
+  static const std::chrono::milliseconds timeout = [] {
+    if (const char* env = std::getenv("DTENSOR_TIMEOUT_S"); env && *env) {
+      char* end = nullptr;
+      const double seconds = std::strtod(env, &end);
+      DT_CHECK_ARG(end && *end == '\0' && seconds > 0, "DTENSOR_TIMEOUT_S",
+                   "expected a positive number of seconds, got '", env, "'");
+      return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    }
+    return std::chrono::milliseconds(10 * 60 * 1000);
+  }();
+  return timeout;
+}
+
+}  // namespace comm
+
+// ---- Work, Group ---------------------------------------------------------------------
+
+void Work::wait() {
+  if (impl_) impl_->wait();
+}
+
+bool Work::is_completed() const { return !impl_ || impl_->is_completed(); }
+
+namespace {
+const comm::GroupImpl& checked(const std::shared_ptr<comm::GroupImpl>& impl, const char* op) {
+  DT_CHECK_ARG(impl != nullptr, op, "expected a defined group, got an undefined one "
+               "(split with a negative color returns one)");
+  return *impl;
+}
+}  // namespace
+
+int Group::rank() const { return checked(impl_, "rank").rank(); }
+int Group::size() const { return checked(impl_, "size").size(); }
+std::string Group::backend() const { return checked(impl_, "backend").backend(); }
+std::string Group::name() const { return checked(impl_, "name").name(); }
+std::chrono::milliseconds Group::timeout() const { return checked(impl_, "timeout").timeout(); }
+
+void Group::set_timeout(std::chrono::milliseconds timeout) {
+  checked(impl_, "set_timeout");
+  DT_CHECK_ARG(timeout.count() > 0, "set_timeout", "expected a positive timeout, got ",
+               timeout.count(), " ms");
+  impl_->set_timeout(timeout);
+}
+
+Group Group::split(int color, int key) const {
+  checked(impl_, "split");
+  CommDebugMode::record("split", *this, 0);
+  return Group(impl_->split(color, key));
+}
+
+// ---- launch ----------------------------------------------------------------------------
+
+namespace {
+// The world of the rank thread running inside launch (so init() finds it).
+thread_local Group launched_world;
+
+struct LaunchedWorldScope {
+  explicit LaunchedWorldScope(Group g) { launched_world = std::move(g); }
+  ~LaunchedWorldScope() { launched_world = Group(); }
+};
+}  // namespace
+
+void launch(int n, const std::function<void(Group world)>& fn) {
+  DT_CHECK_ARG(n >= 1, "launch", "expected at least 1 rank, got ", n);
+  backend::cpu::configure_blas_threads(n);
+  auto world = std::make_shared<comm::threads::World>();
+  auto shared = comm::threads::make_world(n, world);
+  std::mutex mutex;
+  std::exception_ptr first_error;
+  std::vector<std::thread> ranks;
+  ranks.reserve(n);
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      ScopedMemoryCounters counters(std::make_shared<RankMemoryCounters>());
+      std::string message;
+      std::exception_ptr error;
+      try {
+        Group group(std::make_shared<comm::threads::ThreadsGroup>(shared, r, "world"));
+        LaunchedWorldScope scope(group);
+        fn(std::move(group));
+        return;
+      } catch (const std::exception& e) {
+        message = e.what();
+        error = std::current_exception();
+      } catch (...) {
+        message = "an exception not derived from std::exception";
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first_error) first_error = error;
+      }
+      // Releases peers blocked in a collective with this rank and message.
+      world->abort(r, message);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  world->wait_for_workers();
+  backend::cpu::configure_blas_threads(1);
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+// ---- init ------------------------------------------------------------------------------
+
+namespace {
+const char* const kBackends = "threads, mpi, any";
+
+Group single_threads_group() {
+  // Outside launch the threads backend has one rank; one world per process.
+  static const Group group(std::make_shared<comm::threads::ThreadsGroup>(
+      comm::threads::make_world(1, std::make_shared<comm::threads::World>()), 0, "world"));
+  return group;
+}
+}  // namespace
+
+std::vector<std::string> available_backends() {
+  std::vector<std::string> names{"threads"};
+  if (comm::mpi_compiled()) names.push_back("mpi");
+  return names;
+}
+
+bool is_available(std::string_view backend) {
+  if (backend == "threads" || backend == "any") return true;
+  if (backend == "mpi") return comm::mpi_compiled();
+  return false;
+}
+
+Group init(std::string_view backend) {
+  std::string name(backend);
+  if (name.empty()) {
+    const char* env = std::getenv("DTENSOR_BACKEND");
+    name = env && *env ? env : "any";
+  }
+  if (name == "threads") {
+    return launched_world.defined() ? launched_world : single_threads_group();
+  }
+  if (name == "mpi") return Group(comm::mpi_world());
+  if (name == "any") {
+    // Documented order: the launch we are in, then MPI when mpirun started us, then
+    // a single-rank threads group.
+    if (launched_world.defined()) return launched_world;
+    if (comm::mpi_compiled() && comm::started_by_mpi_launcher()) return Group(comm::mpi_world());
+    return single_threads_group();
+  }
+  throw std::invalid_argument(detail::concat("[init] unknown backend '", name,
+                                             "'; valid backends: ", kBackends));
+}
+
+}  // namespace dtensor

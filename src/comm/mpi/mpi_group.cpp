@@ -1,0 +1,523 @@
+// The MPI backend: one process per rank. Each method is the matching MPI call:
+// blocking for sync calls (so it costs what raw MPI costs), the non-blocking
+// MPI_I* form for async ones. With DTENSOR_DEBUG=collectives every collective is
+// preceded by a fingerprint exchange that names mismatched calls and missing ranks.
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string_view>
+#include <thread>
+
+#include "comm/mpi/mpi_backend.h"
+#include "comm/mpi/mpi_types.h"
+#include "comm/reduce.h"
+#include "dtensor/error.h"
+
+namespace dtensor::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool debug_collectives() {
+  static const bool on = [] {
+    const char* env = std::getenv("DTENSOR_DEBUG");
+    return env && std::string_view(env).find("collectives") != std::string_view::npos;
+  }();
+  return on;
+}
+
+void check_mpi(int code, const char* op) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw std::runtime_error(detail::concat("[", op, "] MPI error: ", std::string(text, length)));
+}
+
+int to_int(int64_t v, const char* op) {
+  DT_CHECK_SUPPORTED(v <= INT_MAX, op, "the mpi backend moves at most ", INT_MAX,
+                     " elements per rank and call, got ", v);
+  return static_cast<int>(v);
+}
+
+// Counts (times `scale`) as MPI ints, and their displacements.
+struct CountsAndDispls {
+  std::vector<int> counts, displs;
+  CountsAndDispls(const std::vector<int64_t>& v, int64_t scale, const char* op) {
+    int64_t offset = 0;
+    for (int64_t c : v) {
+      counts.push_back(to_int(c * scale, op));
+      displs.push_back(to_int(offset, op));
+      offset += c * scale;
+    }
+  }
+  bool equal() const {
+    return std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
+  }
+};
+
+// What a non-blocking call needs until it completes (MPI reads the count arrays
+// of the v-variants during the operation).
+struct Scratch {
+  std::unique_ptr<CountsAndDispls> a, b;
+  std::vector<std::byte> bytes;
+};
+
+}  // namespace
+
+class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPIGroup> {
+ public:
+  MPIGroup(MPI_Comm comm, bool owned, std::string name) : comm_(comm), owned_(owned) {
+    name_ = std::move(name);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    // Errors come back as codes we turn into exceptions instead of aborting the job.
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    if (debug_collectives()) MPI_Comm_dup(comm_, &debug_comm_);
+  }
+  ~MPIGroup() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (debug_comm_ != MPI_COMM_NULL) MPI_Comm_free(&debug_comm_);
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  std::shared_ptr<GroupImpl> split(int color, int key) override {
+    fingerprint(CallKind::Split, DType::F32, 0, 0, ReduceOp::Sum);
+    MPI_Comm child = MPI_COMM_NULL;
+    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "split");
+    const int index = splits_++;
+    if (child == MPI_COMM_NULL) return nullptr;
+    std::string child_name = detail::concat(name_, "/c", color);
+    if (index > 0) child_name += detail::concat(".", index);
+    auto group = std::make_shared<MPIGroup>(child, true, std::move(child_name));
+    group->set_timeout(timeout_);
+    return group;
+  }
+
+  WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
+                     bool async) override {
+    fingerprint(CallKind::AllReduce, dtype, count, 0, op);
+    const int c = to_int(count, "all_reduce");
+    const MPI_Datatype type = mpi_datatype(dtype);
+    const MPI_Op mop = mpi_op(dtype, op);
+    const void* send = in == out ? MPI_IN_PLACE : in;
+    MPI_Comm comm = comm_;
+    std::function<void()> after;
+    if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, count, n); };
+    return issue("all_reduce", async, nullptr, after,
+                 [=] { return MPI_Allreduce(send, out, c, type, mop, comm); },
+                 [=](MPI_Request* r) { return MPI_Iallreduce(send, out, c, type, mop, comm, r); });
+  }
+
+  WorkPtr all_gather(const void* in, void* out, const std::vector<int64_t>& counts, int64_t outer,
+                     DType dtype, bool async) override {
+    const char* op = "all_gather";
+    auto s = std::make_shared<Scratch>();
+    s->a = std::make_unique<CountsAndDispls>(counts, outer, op);
+    const int64_t total = s->a->displs.back() + s->a->counts.back();
+    fingerprint(CallKind::AllGather, dtype, total, 0, ReduceOp::Sum);
+    const size_t esize = dtype_size(dtype);
+    const CountsAndDispls& cd = *s->a;
+    void* recv = out;
+    std::function<void()> after;
+    if (outer > 1) {
+      // MPI gathers rank-major; rows of the concatenated tensor interleave ranks.
+      s->bytes.resize(total * esize);
+      recv = s->bytes.data();
+      after = [=, n = size_] {
+        const int64_t row = total / outer;
+        int64_t column = 0;
+        for (int r = 0; r < n; ++r) {
+          const int64_t width = counts[r] * esize;
+          for (int64_t o = 0; o < outer; ++o) {
+            std::memcpy(static_cast<std::byte*>(out) + (o * row * esize + column),
+                        s->bytes.data() + cd.displs[r] * esize + o * width, width);
+          }
+          column += width;
+        }
+      };
+    }
+    const bool in_place =
+        outer == 1 && in == static_cast<const std::byte*>(out) + cd.displs[rank_] * esize;
+    const void* send = in_place ? MPI_IN_PLACE : in;
+    const int mine = cd.counts[rank_];
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    if (cd.equal()) {
+      return issue(op, async, s, after,
+                   [=] { return MPI_Allgather(send, mine, type, recv, mine, type, comm); },
+                   [=](MPI_Request* r) {
+                     return MPI_Iallgather(send, mine, type, recv, mine, type, comm, r);
+                   });
+    }
+    return issue(op, async, s, after,
+                 [=, &cd] {
+                   return MPI_Allgatherv(send, mine, type, recv, cd.counts.data(), cd.displs.data(),
+                                         type, comm);
+                 },
+                 [=, &cd](MPI_Request* r) {
+                   return MPI_Iallgatherv(send, mine, type, recv, cd.counts.data(),
+                                          cd.displs.data(), type, comm, r);
+                 });
+  }
+
+  WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                         int64_t outer, DType dtype, ReduceOp op, bool async) override {
+    const char* name = "reduce_scatter";
+    auto s = std::make_shared<Scratch>();
+    s->a = std::make_unique<CountsAndDispls>(counts, outer, name);
+    const CountsAndDispls& cd = *s->a;
+    const int64_t total = cd.displs.back() + cd.counts.back();
+    fingerprint(CallKind::ReduceScatter, dtype, total, 0, op);
+    const size_t esize = dtype_size(dtype);
+    const void* send = in;
+    if (outer > 1) {
+      // Rank-major packing: rank r's block of every row, one after the other.
+      s->bytes.resize(total * esize);
+      const int64_t row = total / outer;
+      int64_t column = 0;
+      for (int r = 0; r < size_; ++r) {
+        const int64_t width = counts[r] * esize;
+        for (int64_t o = 0; o < outer; ++o) {
+          std::memcpy(s->bytes.data() + cd.displs[r] * esize + o * width,
+                      static_cast<const std::byte*>(in) + (o * row * esize + column), width);
+        }
+        column += width;
+      }
+      send = s->bytes.data();
+    }
+    const MPI_Datatype type = mpi_datatype(dtype);
+    const MPI_Op mop = mpi_op(dtype, op);
+    MPI_Comm comm = comm_;
+    std::function<void()> after;
+    const int64_t mine = cd.counts[rank_];
+    if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, mine, n); };
+    if (cd.equal()) {
+      const int c = cd.counts[0];
+      return issue(name, async, s, after,
+                   [=] { return MPI_Reduce_scatter_block(send, out, c, type, mop, comm); },
+                   [=](MPI_Request* r) {
+                     return MPI_Ireduce_scatter_block(send, out, c, type, mop, comm, r);
+                   });
+    }
+    return issue(name, async, s, after,
+                 [=, &cd] { return MPI_Reduce_scatter(send, out, cd.counts.data(), type, mop, comm); },
+                 [=, &cd](MPI_Request* r) {
+                   return MPI_Ireduce_scatter(send, out, cd.counts.data(), type, mop, comm, r);
+                 });
+  }
+
+  WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                     const std::vector<int64_t>& recv_counts, DType dtype, bool async) override {
+    const char* op = "all_to_all";
+    fingerprint(CallKind::AllToAll, dtype, 0, 0, ReduceOp::Sum);
+    auto s = std::make_shared<Scratch>();
+    s->a = std::make_unique<CountsAndDispls>(send_counts, 1, op);
+    s->b = std::make_unique<CountsAndDispls>(recv_counts, 1, op);
+    const CountsAndDispls& sd = *s->a;
+    const CountsAndDispls& rd = *s->b;
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    // Always the v-form: whether splits are equal is a per-rank fact, and all ranks
+    // must call the same MPI function.
+    return issue(op, async, s, nullptr,
+                 [=, &sd, &rd] {
+                   return MPI_Alltoallv(in, sd.counts.data(), sd.displs.data(), type, out,
+                                        rd.counts.data(), rd.displs.data(), type, comm);
+                 },
+                 [=, &sd, &rd](MPI_Request* r) {
+                   return MPI_Ialltoallv(in, sd.counts.data(), sd.displs.data(), type, out,
+                                         rd.counts.data(), rd.displs.data(), type, comm, r);
+                 });
+  }
+
+  WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override {
+    fingerprint(CallKind::Broadcast, dtype, count, root, ReduceOp::Sum);
+    const int c = to_int(count, "broadcast");
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    return issue("broadcast", async, nullptr, nullptr,
+                 [=] { return MPI_Bcast(data, c, type, root, comm); },
+                 [=](MPI_Request* r) { return MPI_Ibcast(data, c, type, root, comm, r); });
+  }
+
+  WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
+                 int root, bool async) override {
+    auto s = std::make_shared<Scratch>();
+    s->a = std::make_unique<CountsAndDispls>(counts, 1, "gather");
+    const CountsAndDispls& cd = *s->a;
+    fingerprint(CallKind::Gather, dtype, cd.displs.back() + cd.counts.back(), root, ReduceOp::Sum);
+    const int mine = cd.counts[rank_];
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    return issue("gather", async, s, nullptr,
+                 [=, &cd] {
+                   return MPI_Gatherv(in, mine, type, out, cd.counts.data(), cd.displs.data(), type,
+                                      root, comm);
+                 },
+                 [=, &cd](MPI_Request* r) {
+                   return MPI_Igatherv(in, mine, type, out, cd.counts.data(), cd.displs.data(),
+                                       type, root, comm, r);
+                 });
+  }
+
+  WorkPtr scatter(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
+                  int root, bool async) override {
+    auto s = std::make_shared<Scratch>();
+    s->a = std::make_unique<CountsAndDispls>(counts, 1, "scatter");
+    const CountsAndDispls& cd = *s->a;
+    fingerprint(CallKind::Scatter, dtype, cd.displs.back() + cd.counts.back(), root, ReduceOp::Sum);
+    const int mine = cd.counts[rank_];
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    return issue("scatter", async, s, nullptr,
+                 [=, &cd] {
+                   return MPI_Scatterv(in, cd.counts.data(), cd.displs.data(), type, out, mine,
+                                       type, root, comm);
+                 },
+                 [=, &cd](MPI_Request* r) {
+                   return MPI_Iscatterv(in, cd.counts.data(), cd.displs.data(), type, out, mine,
+                                        type, root, comm, r);
+                 });
+  }
+
+  WorkPtr barrier(bool async) override {
+    fingerprint(CallKind::Barrier, DType::F32, 0, 0, ReduceOp::Sum);
+    MPI_Comm comm = comm_;
+    return issue("barrier", async, nullptr, nullptr, [=] { return MPI_Barrier(comm); },
+                 [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
+  }
+
+  WorkPtr send_recv(const std::vector<P2PBuffer>& ops) override;
+
+  // Polls `requests` until all complete or the timeout; `describe(i)` names what
+  // request i waits for.
+  void wait_all(std::vector<MPI_Request>& requests, const char* op,
+                const std::function<std::string(size_t)>& describe,
+                MPI_Status* statuses = MPI_STATUSES_IGNORE) const;
+
+ private:
+  using Blocking = std::function<int()>;
+  using Start = std::function<int(MPI_Request*)>;
+  WorkPtr issue(const char* op, bool async, std::shared_ptr<Scratch> scratch,
+                std::function<void()> after, const Blocking& blocking, const Start& start);
+  void fingerprint(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op);
+  // Blocking MPI calls cannot time out; they are used unless a timeout was asked for.
+  bool enforce_timeout() const { return debug_comm_ != MPI_COMM_NULL || timeout_ != default_timeout(); }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm debug_comm_ = MPI_COMM_NULL;
+  bool owned_ = false;
+  int rank_ = 0, size_ = 1, splits_ = 0;
+};
+
+namespace {
+
+class MPIWork final : public WorkImpl {
+ public:
+  MPIWork(std::shared_ptr<const MPIGroup> group, const char* op, std::shared_ptr<Scratch> scratch,
+          std::function<void()> after)
+      : group_(std::move(group)), op_(op), scratch_(std::move(scratch)), after_(std::move(after)) {}
+
+  std::vector<MPI_Request> requests;
+  std::vector<P2PBuffer> p2p;  // the batch, for send_recv works
+
+  void wait() override {
+    if (!done_) {
+      try {
+        std::vector<MPI_Status> statuses(requests.size());
+        group_->wait_all(requests, op_, [&](size_t i) { return describe(i); }, statuses.data());
+        check_received(statuses);
+        finish();
+      } catch (...) {
+        error_ = std::current_exception();
+        done_ = true;
+      }
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool is_completed() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+    if (flag && p2p.empty()) finish();  // results must be final once this says so
+    return flag != 0;
+  }
+
+ private:
+  void finish() {
+    if (after_) after_();
+    scratch_.reset();
+    done_ = true;
+  }
+  std::string describe(size_t i) const {
+    if (i >= p2p.size()) return "";
+    const P2PBuffer& b = p2p[i];
+    return detail::concat(b.is_send ? "rank " : "no send from rank ", b.peer,
+                          b.is_send ? " did not receive " : " for ", b.bytes, " bytes with tag ",
+                          b.tag, "; ");
+  }
+  // A receive may get fewer bytes than posted; that is a mismatch like any other.
+  void check_received(const std::vector<MPI_Status>& statuses) const {
+    for (size_t i = 0; i < p2p.size(); ++i) {
+      if (p2p[i].is_send) continue;
+      int count = 0;
+      MPI_Get_count(&statuses[i], MPI_BYTE, &count);
+      DT_CHECK_ARG(count == p2p[i].bytes, "recv", "rank ", p2p[i].peer, " sent ", count,
+                   " bytes with tag ", p2p[i].tag, ", this rank posted a recv of ", p2p[i].bytes);
+    }
+  }
+
+  std::shared_ptr<const MPIGroup> group_;
+  const char* op_;
+  std::shared_ptr<Scratch> scratch_;
+  std::function<void()> after_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+std::string describe_fingerprint(const int64_t* f) {
+  return detail::concat(call_kind_name(static_cast<CallKind>(f[0])), "(",
+                        dtype_name(static_cast<DType>(f[1])), ", ", f[2], " elements, root ", f[3],
+                        ", ", reduce_op_name(static_cast<ReduceOp>(f[4])), ")");
+}
+
+}  // namespace
+
+void MPIGroup::wait_all(std::vector<MPI_Request>& requests, const char* op,
+                        const std::function<std::string(size_t)>& describe,
+                        MPI_Status* statuses) const {
+  const auto deadline = Clock::now() + timeout_;
+  for (int polls = 0;; ++polls) {
+    int flag = 0;
+    const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, statuses);
+    if (code == MPI_ERR_IN_STATUS && statuses != MPI_STATUSES_IGNORE) {
+      for (size_t i = 0; i < requests.size(); ++i) {
+        DT_CHECK_ARG(statuses[i].MPI_ERROR != MPI_ERR_TRUNCATE, op, "message truncated: ",
+                     describe(i), "the send is larger than the posted recv");
+        check_mpi(statuses[i].MPI_ERROR, op);
+      }
+    }
+    check_mpi(code, op);
+    if (flag) return;
+    if (Clock::now() > deadline) {
+      std::string missing;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        int done = 0;
+        MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
+        if (!done) missing += describe(i);
+      }
+      if (missing.empty()) {
+        missing = "the call did not complete (DTENSOR_DEBUG=collectives names missing ranks)";
+      }
+      throw std::runtime_error(detail::concat("[", op, "] timed out after ", timeout_.count() / 1000.0,
+                                              " s in group '", name_, "' (mpi, size ", size_,
+                                              ", this is rank ", rank_, "): ", missing));
+    }
+    // Oversubscribed ranks (more processes than cores) need the core back.
+    if (polls > 1000) std::this_thread::yield();
+  }
+}
+
+WorkPtr MPIGroup::issue(const char* op, bool async, std::shared_ptr<Scratch> scratch,
+                        std::function<void()> after, const Blocking& blocking, const Start& start) {
+  if (!async && !enforce_timeout()) {
+    check_mpi(blocking(), op);
+    if (after) after();
+    return nullptr;
+  }
+  auto work = std::make_shared<MPIWork>(shared_from_this(), op, std::move(scratch), std::move(after));
+  work->requests.resize(1);
+  check_mpi(start(&work->requests[0]), op);
+  if (async) return work;
+  work->wait();
+  return nullptr;
+}
+
+void MPIGroup::fingerprint(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op) {
+  if (debug_comm_ == MPI_COMM_NULL || size_ == 1) return;
+  const char* name = call_kind_name(kind);
+  const int64_t mine[5] = {static_cast<int64_t>(kind), static_cast<int64_t>(dtype), count, root,
+                           static_cast<int64_t>(op)};
+  std::vector<int64_t> theirs(5 * static_cast<size_t>(size_));
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;  // >= 0: a receive from that rank; -1: a send
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    requests.emplace_back();
+    MPI_Irecv(&theirs[5 * p], 5, MPI_INT64_T, p, 0, debug_comm_, &requests.back());
+    peers.push_back(p);
+    requests.emplace_back();
+    MPI_Isend(mine, 5, MPI_INT64_T, p, 0, debug_comm_, &requests.back());
+    peers.push_back(-1);
+  }
+  wait_all(requests, name, [&](size_t i) {
+    return peers[i] >= 0 ? detail::concat("rank ", peers[i], " did not arrive; ") : std::string();
+  });
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || std::equal(mine, mine + 5, &theirs[5 * p])) continue;
+    throw std::invalid_argument(detail::concat(
+        "[", name, "] ranks made different calls in group '", name_, "': rank ", rank_, " called ",
+        describe_fingerprint(mine), ", rank ", p, " called ", describe_fingerprint(&theirs[5 * p])));
+  }
+}
+
+WorkPtr MPIGroup::send_recv(const std::vector<P2PBuffer>& ops) {
+  const char* name = ops.size() != 1 ? "batch_send_recv" : (ops[0].is_send ? "send" : "recv");
+  auto work = std::make_shared<MPIWork>(shared_from_this(), name, nullptr, nullptr);
+  work->p2p = ops;
+  work->requests.resize(ops.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2PBuffer& b = ops[i];
+    const char* op = b.is_send ? "send" : "recv";
+    DT_CHECK_ARG(b.tag >= 0, op, "tags must be >= 0, got ", b.tag);
+    const int count = to_int(b.bytes / static_cast<int64_t>(dtype_size(b.dtype)), op);
+    const MPI_Datatype type = mpi_datatype(b.dtype);
+    check_mpi(b.is_send ? MPI_Isend(b.data, count, type, b.peer, b.tag, comm_, &work->requests[i])
+                        : MPI_Irecv(b.data, count, type, b.peer, b.tag, comm_, &work->requests[i]),
+              op);
+  }
+  return work;
+}
+
+// ---- entry points ------------------------------------------------------------------------
+
+bool mpi_compiled() { return true; }
+
+bool started_by_mpi_launcher() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(var)) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<GroupImpl> mpi_world() {
+  static const std::shared_ptr<MPIGroup> world = [] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "init");
+      // Registered before `world` is constructed, so it runs after world's destructor.
+      std::atexit([] {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Finalize();
+      });
+    }
+    return std::make_shared<MPIGroup>(MPI_COMM_WORLD, false, "world");
+  }();
+  return world;
+}
+
+}  // namespace dtensor::comm

@@ -1,0 +1,113 @@
+// send/recv and batches of them on the threads backend (see p2p.h).
+#include "comm/threads/p2p.h"
+
+#include <cstring>
+
+#include "comm/threads/threads_group.h"
+#include "dtensor/error.h"
+
+namespace dtensor::comm::threads {
+namespace {
+
+// Copies the matched pair and releases both posters.
+void complete(P2PRequest& send, P2PRequest& recv) {
+  if (send.buffer.bytes != recv.buffer.bytes || send.buffer.dtype != recv.buffer.dtype) {
+    const std::string error = detail::concat(
+        "rank ", send.owner, " sent ", send.buffer.bytes, " bytes of ", dtype_name(send.buffer.dtype),
+        " with tag ", send.buffer.tag, " to rank ", recv.owner, ", which posted a recv of ",
+        recv.buffer.bytes, " bytes of ", dtype_name(recv.buffer.dtype));
+    send.error = error;
+    recv.error = error;
+  } else if (send.buffer.bytes > 0) {
+    std::memcpy(recv.buffer.data, send.buffer.data, static_cast<size_t>(send.buffer.bytes));
+  }
+  send.done.store(true, std::memory_order_seq_cst);
+  recv.done.store(true, std::memory_order_seq_cst);
+  send.signal->notify();
+  recv.signal->notify();
+}
+
+// Finds (and removes) the oldest request in `queue` between `sender` and
+// `receiver` with `tag`: the FIFO order of MPI's matching rule.
+std::shared_ptr<P2PRequest> take_match(std::deque<std::shared_ptr<P2PRequest>>& queue,
+                                       int sender, int receiver, int tag) {
+  for (auto it = queue.begin(); it != queue.end(); ++it) {
+    const P2PRequest& r = **it;
+    const int from = r.buffer.is_send ? r.owner : r.buffer.peer;
+    const int to = r.buffer.is_send ? r.buffer.peer : r.owner;
+    if (from == sender && to == receiver && r.buffer.tag == tag) {
+      auto found = *it;
+      queue.erase(it);
+      return found;
+    }
+  }
+  return nullptr;
+}
+
+class P2PWork final : public WorkImpl {
+ public:
+  P2PWork(std::shared_ptr<ThreadsGroup> group) : group_(std::move(group)) {}
+  std::vector<std::shared_ptr<P2PRequest>> requests;
+
+  bool is_completed() override {
+    for (auto& r : requests) {
+      if (!r->done.load(std::memory_order_acquire)) return false;
+    }
+    return true;
+  }
+
+  void wait() override {
+    const auto deadline = Clock::now() + group_->timeout();
+    for (auto& r : requests) {
+      const char* op = r->buffer.is_send ? "send" : "recv";
+      const WaitResult result = r->signal->wait(
+          [&] { return r->done.load(std::memory_order_acquire); },
+          [&] { return group_->shared().world->aborted(); }, deadline);
+      if (result == WaitResult::Aborted) group_->throw_if_aborted(op);
+      if (result == WaitResult::TimedOut) {
+        group_->throw_timeout(op, detail::concat(r->buffer.is_send ? "rank " : "no send from rank ",
+                                                 r->buffer.peer,
+                                                 r->buffer.is_send ? " did not receive " : " for ",
+                                                 r->buffer.bytes, " bytes with tag ", r->buffer.tag));
+      }
+      DT_CHECK_ARG(r->error.empty(), op, r->error);
+    }
+  }
+
+ private:
+  std::shared_ptr<ThreadsGroup> group_;
+};
+
+}  // namespace
+
+WorkPtr ThreadsGroup::send_recv(const std::vector<P2PBuffer>& ops) {
+  auto work = std::make_shared<P2PWork>(shared_from_this());
+  for (const P2PBuffer& op : ops) {
+    auto request = std::make_shared<P2PRequest>();
+    request->buffer = op;
+    request->owner = rank_;
+    request->signal = shared_->mailboxes[rank_]->signal;
+    work->requests.push_back(request);
+    // Both queues of a pair live in the receiver's mailbox, under its lock.
+    const int receiver = op.is_send ? op.peer : rank_;
+    Mailbox& box = *shared_->mailboxes[receiver];
+    std::shared_ptr<P2PRequest> partner;
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      if (op.is_send) {
+        partner = take_match(box.recvs, rank_, op.peer, op.tag);
+        if (!partner) box.sends.push_back(request);
+      } else {
+        partner = take_match(box.sends, op.peer, rank_, op.tag);
+        if (!partner) box.recvs.push_back(request);
+      }
+    }
+    // The copy happens outside the lock so other pairs keep matching meanwhile.
+    if (partner) {
+      op.is_send ? complete(*request, *partner) : complete(*partner, *request);
+    }
+  }
+  return work;
+}
+
+}  // namespace dtensor::comm::threads

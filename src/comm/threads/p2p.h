@@ -1,0 +1,34 @@
+// Point-to-point matching of the threads backend. A posted send or receive waits in
+// the receiving rank's mailbox until its partner is posted; whichever side comes
+// second copies sender memory to receiver memory directly, so posting never
+// blocks and a batch can never deadlock, whatever the order of its operations.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/threads/signal.h"
+#include "dtensor/comm_backend.h"
+
+namespace dtensor::comm::threads {
+
+struct P2PRequest {
+  P2PBuffer buffer;  // buffer.peer: the other rank
+  int owner = 0;     // the rank that posted it
+  std::shared_ptr<Signal> signal;  // its owner's mailbox signal
+  std::string error;               // set before `done` when the partner disagrees
+  std::atomic<bool> done{false};
+};
+
+class Mailbox {
+ public:
+  std::mutex mutex;
+  std::deque<std::shared_ptr<P2PRequest>> sends;  // to this rank, not yet matched
+  std::deque<std::shared_ptr<P2PRequest>> recvs;  // by this rank, not yet matched
+  std::shared_ptr<Signal> signal = std::make_shared<Signal>();
+};
+
+}  // namespace dtensor::comm::threads

@@ -1,0 +1,78 @@
+// Waiting for other rank threads without burning the cores they need.
+//
+// A wait spins for up to kSpinTime (the common case with as many cores as ranks:
+// peers arrive within microseconds), then yields for up to kYieldTime, then
+// sleeps on a condition variable in short slices so it can notice an abort or a
+// deadline. With 8 ranks on 2 cores, pure spinning would starve the ranks being
+// waited for; sleeping at once would add a wake-up (~50-100 us) to every barrier.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DTENSOR_CPU_RELAX() _mm_pause()
+#else
+#define DTENSOR_CPU_RELAX() std::this_thread::yield()
+#endif
+
+namespace dtensor::comm::threads {
+
+using Clock = std::chrono::steady_clock;
+
+enum class WaitResult { Ready, Aborted, TimedOut };
+
+class Signal {
+ public:
+  // Call after changing state others may wait for (release-stored beforehand).
+  void notify() {
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cv_.notify_all();
+    }
+  }
+
+  // Waits until ready() (true), `aborted()` (true) or `deadline`.
+  template <class Ready, class Aborted>
+  WaitResult wait(Ready ready, Aborted aborted, Clock::time_point deadline) {
+    if (ready()) return WaitResult::Ready;
+    const auto start = Clock::now();
+    for (int i = 1;; ++i) {
+      if (ready()) return WaitResult::Ready;
+      DTENSOR_CPU_RELAX();
+      if (i % 64 == 0 && Clock::now() - start > kSpinTime) break;
+    }
+    while (Clock::now() - start < kYieldTime) {
+      if (ready()) return WaitResult::Ready;
+      if (aborted()) return WaitResult::Aborted;
+      std::this_thread::yield();
+    }
+    while (true) {
+      if (ready()) return WaitResult::Ready;
+      if (aborted()) return WaitResult::Aborted;
+      const auto now = Clock::now();
+      if (now >= deadline) return WaitResult::TimedOut;
+      // Slices bound the time to notice an abort (which also notifies) or a lost wake-up.
+      const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50));
+      sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (!ready()) cv_.wait_for(lock, slice);
+      }
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+ private:
+  static constexpr auto kSpinTime = std::chrono::microseconds(20);
+  static constexpr auto kYieldTime = std::chrono::microseconds(500);
+  std::atomic<int> sleepers_{0};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+};
+
+}  // namespace dtensor::comm::threads

@@ -1,0 +1,406 @@
+// Rendezvous, call checking, split and async execution of the threads backend.
+#include "comm/threads/threads_group.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "comm/threads/algorithms.h"
+#include "comm/threads/p2p.h"
+#include "dtensor/error.h"
+
+namespace dtensor::comm::threads {
+
+// ---- World --------------------------------------------------------------------------
+
+void World::abort(int rank, const std::string& message) {
+  std::vector<std::shared_ptr<Signal>> to_wake;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.load()) {
+      reason_ = detail::concat("rank ", rank, " failed: ", message);
+      aborted_.store(true, std::memory_order_seq_cst);
+    }
+    for (auto& weak : signals_) {
+      if (auto s = weak.lock()) to_wake.push_back(std::move(s));
+    }
+  }
+  for (auto& s : to_wake) s->notify();
+}
+
+std::string World::abort_reason() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return reason_;
+}
+
+void World::add_signal(const std::shared_ptr<Signal>& signal) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::erase_if(signals_, [](const std::weak_ptr<Signal>& w) { return w.expired(); });
+  signals_.push_back(signal);
+}
+
+void World::worker_started() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++workers_;
+}
+
+void World::worker_finished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  --workers_;
+  workers_cv_.notify_all();
+}
+
+void World::wait_for_workers() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  workers_cv_.wait(lock, [&] { return workers_ == 0; });
+}
+
+// ---- Shared, CallDesc ---------------------------------------------------------------
+
+Shared::Shared(int size_, std::shared_ptr<World> world_)
+    : size(size_), world(std::move(world_)), slots(std::make_unique<Slot[]>(size_)) {
+  world->add_signal(signal);
+  for (int r = 0; r < size; ++r) {
+    mailboxes.push_back(std::make_unique<Mailbox>());
+    world->add_signal(mailboxes.back()->signal);
+  }
+}
+
+Shared::~Shared() = default;
+
+std::shared_ptr<Shared> make_world(int size, std::shared_ptr<World> world) {
+  return std::make_shared<Shared>(size, std::move(world));
+}
+
+std::string CallDesc::to_string() const {
+  std::ostringstream os;
+  os << call_kind_name(kind) << "(";
+  switch (kind) {
+    case CallKind::Barrier: break;
+    case CallKind::Split: os << "color " << color << ", key " << key; break;
+    case CallKind::AllReduce:
+      os << dtype_name(dtype) << ", " << count << " elements, " << reduce_op_name(op);
+      break;
+    case CallKind::Broadcast:
+      os << dtype_name(dtype) << ", " << count << " elements, root " << root;
+      break;
+    default: {
+      os << dtype_name(dtype) << ", counts " << shape_to_string(counts);
+      if (kind == CallKind::AllToAll) os << " -> " << shape_to_string(recv_counts);
+      if (outer != 1) os << " x " << outer << " rows";
+      if (kind == CallKind::ReduceScatter) os << ", " << reduce_op_name(op);
+      if (kind == CallKind::Gather || kind == CallKind::Scatter) os << ", root " << root;
+    }
+  }
+  os << ")";
+  return os.str();
+}
+
+namespace {
+
+bool same_call(const CallDesc& a, const CallDesc& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case CallKind::Barrier:
+    case CallKind::Split: return true;
+    case CallKind::AllReduce: return a.dtype == b.dtype && a.count == b.count && a.op == b.op;
+    case CallKind::Broadcast:
+      return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
+    case CallKind::AllToAll: return a.dtype == b.dtype;  // pairs checked separately
+    default:
+      return a.dtype == b.dtype && a.counts == b.counts && a.outer == b.outer && a.op == b.op &&
+             a.root == b.root;
+  }
+}
+
+class ThreadsWork final : public WorkImpl {
+ public:
+  void finish(std::exception_ptr error) {
+    error_ = std::move(error);
+    done_.store(true, std::memory_order_seq_cst);
+    signal_.notify();
+  }
+  void wait() override {
+    signal_.wait([&] { return done_.load(std::memory_order_acquire); }, [] { return false; },
+                 Clock::time_point::max());
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override { return done_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+  Signal signal_;
+};
+
+}  // namespace
+
+// ---- ThreadsGroup: rendezvous --------------------------------------------------------
+
+ThreadsGroup::ThreadsGroup(std::shared_ptr<Shared> shared, int rank, std::string name)
+    : shared_(std::move(shared)), rank_(rank) {
+  name_ = std::move(name);
+}
+
+ThreadsGroup::~ThreadsGroup() {
+  if (!worker_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->stop = true;
+  }
+  queue_->cv.notify_all();
+  // The last task may hold the last reference, so this can run on the worker itself.
+  if (worker_.get_id() == std::this_thread::get_id()) {
+    worker_.detach();
+  } else {
+    worker_.join();
+  }
+}
+
+void ThreadsGroup::throw_if_aborted(const char* op) const {
+  if (!shared_->world->aborted()) return;
+  throw std::runtime_error(detail::concat("[", op, "] released from group '", name_,
+                                          "' because ", shared_->world->abort_reason()));
+}
+
+void ThreadsGroup::throw_timeout(const char* op, const std::string& missing) const {
+  throw std::runtime_error(detail::concat(
+      "[", op, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
+      "' (threads, size ", size(), ", this is rank ", rank_, "): ", missing));
+}
+
+void ThreadsGroup::sync() {
+  const uint64_t target = ++step_;
+  Slot* slots = shared_->slots.get();
+  const int n = shared_->size;
+  // seq_cst pairs with Signal's sleeper count: a peer going to sleep either sees
+  // this step or is woken by notify().
+  slots[rank_].step.store(target, std::memory_order_seq_cst);
+  shared_->signal->notify();
+  auto arrived = [&] {
+    for (int r = 0; r < n; ++r) {
+      if (slots[r].step.load(std::memory_order_acquire) < target) return false;
+    }
+    return true;
+  };
+  const WaitResult result = shared_->signal->wait(
+      arrived, [&] { return shared_->world->aborted(); }, Clock::now() + timeout_);
+  if (result == WaitResult::Ready) return;
+  throw_if_aborted(current_op_);
+  std::vector<int64_t> missing;
+  for (int r = 0; r < n; ++r) {
+    if (slots[r].step.load() < target) missing.push_back(r);
+  }
+  throw_timeout(current_op_, detail::concat("ranks ", shape_to_string(missing), " did not arrive"));
+}
+
+void ThreadsGroup::check_same_call() {
+  const int n = size();
+  std::string mismatch;
+  for (int r = 1; r < n && mismatch.empty(); ++r) {
+    if (!same_call(peer(0), peer(r))) {
+      mismatch = detail::concat("rank 0 called ", peer(0).to_string(), ", rank ", r, " called ",
+                                peer(r).to_string());
+    }
+  }
+  // all_to_all: what rank s sends to r must be what r expects from s.
+  if (mismatch.empty() && peer(0).kind == CallKind::AllToAll) {
+    for (int s = 0; s < n && mismatch.empty(); ++s) {
+      for (int r = 0; r < n && mismatch.empty(); ++r) {
+        if (peer(s).counts[r] != peer(r).recv_counts[s]) {
+          mismatch = detail::concat("rank ", s, " sends ", peer(s).counts[r], " elements to rank ",
+                                    r, " which expects ", peer(r).recv_counts[s], "; rank ", s,
+                                    " called ", peer(s).to_string(), ", rank ", r, " called ",
+                                    peer(r).to_string());
+        }
+      }
+    }
+  }
+  if (mismatch.empty()) return;
+  sync();  // every rank saw the same descriptors; let all finish reading them
+  throw std::invalid_argument(detail::concat("[", current_op_, "] ranks made different calls in group '",
+                                             name_, "': ", mismatch));
+}
+
+void ThreadsGroup::run_now(const CallDesc& desc, const Algorithm& algorithm) {
+  current_op_ = call_kind_name(desc.kind);
+  shared_->slots[rank_].desc = &desc;
+  sync();
+  check_same_call();
+  algorithm(*this);
+  sync();
+}
+
+void ThreadsGroup::drain_async() {
+  if (!queue_) return;
+  std::unique_lock<std::mutex> lock(queue_->mutex);
+  queue_->cv.wait(lock, [&] { return queue_->tasks.empty() && !queue_->busy; });
+}
+
+WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm algorithm) {
+  if (!async) {
+    // A blocking call runs on the caller's thread, after this rank's queued calls.
+    drain_async();
+    run_now(*desc, algorithm);
+    return nullptr;
+  }
+  if (!worker_.joinable()) {
+    queue_ = std::make_shared<AsyncQueue>();
+    shared_->world->worker_started();
+    worker_ = std::thread([queue = queue_, world = shared_->world] {
+      std::unique_lock<std::mutex> lock(queue->mutex);
+      while (true) {
+        queue->cv.wait(lock, [&] { return queue->stop || !queue->tasks.empty(); });
+        if (queue->tasks.empty()) break;
+        std::function<void()> task = std::move(queue->tasks.front());
+        queue->tasks.pop_front();
+        queue->busy = true;
+        lock.unlock();
+        task();
+        task = nullptr;  // may destroy the group: not under the lock
+        lock.lock();
+        queue->busy = false;
+        queue->cv.notify_all();
+      }
+      lock.unlock();
+      world->worker_finished();
+    });
+  }
+  auto work = std::make_shared<ThreadsWork>();
+  {
+    std::lock_guard<std::mutex> lock(queue_->mutex);
+    queue_->tasks.push_back([self = shared_from_this(), desc, algorithm = std::move(algorithm), work] {
+      try {
+        self->run_now(*desc, algorithm);
+        work->finish(nullptr);
+      } catch (...) {
+        work->finish(std::current_exception());
+      }
+    });
+  }
+  queue_->cv.notify_all();
+  return work;
+}
+
+// ---- ThreadsGroup: split -----------------------------------------------------------
+
+std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
+  auto desc = std::make_shared<CallDesc>();
+  desc->kind = CallKind::Split;
+  desc->color = color;
+  desc->key = key;
+  const int index = splits_++;
+  std::shared_ptr<GroupImpl> result;
+  run(desc, false, [&](ThreadsGroup& g) {
+    // Members of my color in new-rank order: by key, then by rank in this group.
+    std::vector<int> members;
+    for (int r = 0; r < g.size(); ++r) {
+      if (color >= 0 && g.peer(r).color == color) members.push_back(r);
+    }
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return g.peer(a).key < g.peer(b).key; });
+    const bool leader = !members.empty() && *std::min_element(members.begin(), members.end()) == rank_;
+    if (leader) {
+      std::lock_guard<std::mutex> lock(shared_->split_mutex);
+      shared_->split_children[color] =
+          std::make_shared<Shared>(static_cast<int>(members.size()), shared_->world);
+    }
+    g.sync();
+    if (!members.empty()) {
+      std::shared_ptr<Shared> child;
+      {
+        std::lock_guard<std::mutex> lock(shared_->split_mutex);
+        child = shared_->split_children.at(color);
+      }
+      const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      std::string child_name = detail::concat(name_, "/c", color);
+      if (index > 0) child_name += detail::concat(".", index);
+      auto group = std::make_shared<ThreadsGroup>(std::move(child), new_rank, std::move(child_name));
+      group->set_timeout(timeout_);
+      result = std::move(group);
+    }
+    g.sync();
+    if (leader) {
+      std::lock_guard<std::mutex> lock(shared_->split_mutex);
+      shared_->split_children.erase(color);
+    }
+  });
+  return result;
+}
+
+// ---- ThreadsGroup: collectives ---------------------------------------------------------
+
+namespace {
+std::shared_ptr<CallDesc> make_desc(CallKind kind, DType dtype, const void* in, void* out) {
+  auto d = std::make_shared<CallDesc>();
+  d->kind = kind;
+  d->dtype = dtype;
+  d->in = in;
+  d->out = out;
+  return d;
+}
+}  // namespace
+
+WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType dtype,
+                                 ReduceOp op, bool async) {
+  auto d = make_desc(CallKind::AllReduce, dtype, in, out);
+  d->count = count;
+  d->op = op;
+  // Same choice on every rank: it depends only on arguments checked to match.
+  const bool chunked = count * static_cast<int64_t>(dtype_size(dtype)) >= kAllReduceChunkedMinBytes;
+  return run(d, async, chunked ? all_reduce_chunked : all_reduce_direct);
+}
+
+WorkPtr ThreadsGroup::all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
+                                 int64_t outer, DType dtype, bool async) {
+  auto d = make_desc(CallKind::AllGather, dtype, in, out);
+  d->counts = counts;
+  d->outer = outer;
+  return run(d, async, all_gather_direct);
+}
+
+WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                                     int64_t outer, DType dtype, ReduceOp op, bool async) {
+  auto d = make_desc(CallKind::ReduceScatter, dtype, in, out);
+  d->counts = counts;
+  d->outer = outer;
+  d->op = op;
+  return run(d, async, reduce_scatter_direct);
+}
+
+WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                                 const std::vector<int64_t>& recv_counts, DType dtype, bool async) {
+  auto d = make_desc(CallKind::AllToAll, dtype, in, out);
+  d->counts = send_counts;
+  d->recv_counts = recv_counts;
+  return run(d, async, all_to_all_direct);
+}
+
+WorkPtr ThreadsGroup::broadcast(void* data, int64_t count, DType dtype, int root, bool async) {
+  auto d = make_desc(CallKind::Broadcast, dtype, data, data);
+  d->count = count;
+  d->root = root;
+  return run(d, async, broadcast_direct);
+}
+
+WorkPtr ThreadsGroup::gather(const void* in, void* out, const std::vector<int64_t>& counts,
+                             DType dtype, int root, bool async) {
+  auto d = make_desc(CallKind::Gather, dtype, in, out);
+  d->counts = counts;
+  d->root = root;
+  return run(d, async, gather_direct);
+}
+
+WorkPtr ThreadsGroup::scatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                              DType dtype, int root, bool async) {
+  auto d = make_desc(CallKind::Scatter, dtype, in, out);
+  d->counts = counts;
+  d->root = root;
+  return run(d, async, scatter_direct);
+}
+
+WorkPtr ThreadsGroup::barrier(bool async) {
+  return run(make_desc(CallKind::Barrier, DType::F32, nullptr, nullptr), async,
+             [](ThreadsGroup&) {});
+}
+
+}  // namespace dtensor::comm::threads

@@ -1,0 +1,151 @@
+// The threads backend: ranks are threads of one process and collectives read and
+// write each other's buffers directly (no serialisation, no staging copies).
+//
+// Every collective is a rendezvous: each rank publishes a CallDesc (what it called,
+// where its buffers are) in its slot and arrives at a barrier; after it every rank
+// checks that all ranks made the same call, then runs the same algorithm (one file
+// per algorithm in this folder) on the peers' descriptors, with barriers between
+// phases and one at the end so no rank reuses a buffer a peer still reads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/threads/signal.h"
+#include "dtensor/comm_backend.h"
+
+namespace dtensor::comm::threads {
+
+// One `launch`: the first failure, and everything to wake when it happens.
+class World {
+ public:
+  void abort(int rank, const std::string& message);  // keeps the first failure
+  bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+  std::string abort_reason() const;  // "rank 2 failed: <message>"
+  void add_signal(const std::shared_ptr<Signal>& signal);
+
+  // Async workers of every rank; launch waits for them before returning.
+  void worker_started();
+  void worker_finished();
+  void wait_for_workers();
+
+ private:
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mutex_;
+  std::string reason_;
+  std::vector<std::weak_ptr<Signal>> signals_;
+  int workers_ = 0;
+  std::condition_variable workers_cv_;
+};
+
+// What one rank called, published to its peers for the duration of the call.
+struct CallDesc {
+  CallKind kind = CallKind::Barrier;
+  DType dtype = DType::F32;
+  ReduceOp op = ReduceOp::Sum;
+  int root = 0;
+  int64_t count = 0;  // elements of `in` (all_reduce, broadcast) or this rank's share
+  int64_t outer = 1;
+  const void* in = nullptr;
+  void* out = nullptr;
+  // Owned (not pointers to the caller's arguments) so async calls can outlive them.
+  std::vector<int64_t> counts;       // per rank (send counts for all_to_all)
+  std::vector<int64_t> recv_counts;  // all_to_all
+  int color = 0, key = 0;                             // split
+  std::string to_string() const;  // "all_reduce(f32, 1024 elements, sum)"
+};
+
+struct alignas(64) Slot {
+  std::atomic<uint64_t> step{0};
+  const CallDesc* desc = nullptr;
+};
+
+class Mailbox;  // point-to-point matching, p2p.cpp
+
+// State shared by the ranks of one group.
+struct Shared {
+  Shared(int size, std::shared_ptr<World> world);
+  ~Shared();
+  const int size;
+  const std::shared_ptr<World> world;
+  std::unique_ptr<Slot[]> slots;
+  std::shared_ptr<Signal> signal = std::make_shared<Signal>();
+  std::vector<std::unique_ptr<Mailbox>> mailboxes;  // one per receiving rank
+  std::mutex split_mutex;
+  std::map<int, std::shared_ptr<Shared>> split_children;  // color -> group being made
+};
+
+// Runs async collectives of one rank and group in order, on a thread of its own.
+struct AsyncQueue {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> tasks;
+  bool busy = false;
+  bool stop = false;
+};
+
+class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this<ThreadsGroup> {
+ public:
+  ThreadsGroup(std::shared_ptr<Shared> shared, int rank, std::string name);
+  ~ThreadsGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return shared_->size; }
+  std::string backend() const override { return "threads"; }
+  std::shared_ptr<GroupImpl> split(int color, int key) override;
+
+  WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
+                     bool async) override;
+  WorkPtr all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
+                     int64_t outer, DType dtype, bool async) override;
+  WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
+                         int64_t outer, DType dtype, ReduceOp op, bool async) override;
+  WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                     const std::vector<int64_t>& recv_counts, DType dtype, bool async) override;
+  WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override;
+  WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
+                 int root, bool async) override;
+  WorkPtr scatter(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
+                  int root, bool async) override;
+  WorkPtr barrier(bool async) override;
+  WorkPtr send_recv(const std::vector<P2PBuffer>& ops) override;
+
+  // ---- what the algorithms see during a call --------------------------------------
+  const CallDesc& me() const { return *shared_->slots[rank_].desc; }
+  const CallDesc& peer(int r) const { return *shared_->slots[r].desc; }
+  // All ranks reach this point; throws on abort or timeout naming the missing ranks.
+  void sync();
+  Shared& shared() { return *shared_; }
+  // Throws the launch's failure if there is one (p2p waits use it too).
+  void throw_if_aborted(const char* op) const;
+  [[noreturn]] void throw_timeout(const char* op, const std::string& missing) const;
+
+ private:
+  using Algorithm = std::function<void(ThreadsGroup&)>;
+  // Publishes desc, checks every rank made the same call, runs the algorithm.
+  WorkPtr run(std::shared_ptr<CallDesc> desc, bool async, Algorithm algorithm);
+  void run_now(const CallDesc& desc, const Algorithm& algorithm);
+  void check_same_call();
+  void drain_async();
+
+  std::shared_ptr<Shared> shared_;
+  const int rank_;
+  uint64_t step_ = 0;
+  int splits_ = 0;
+  const char* current_op_ = "";
+  std::shared_ptr<AsyncQueue> queue_;
+  std::thread worker_;
+};
+
+// Makes the group of `size` ranks of a new launch.
+std::shared_ptr<Shared> make_world(int size, std::shared_ptr<World> world);
+
+}  // namespace dtensor::comm::threads

@@ -1,0 +1,286 @@
+// Strategy enumeration (einsum rule), choice by cost, and the per-rank decision cache.
+#include "dist/dispatch.h"
+#include "dtensor/ops.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <unordered_map>
+
+#include "placements/planner.h"
+
+namespace dtensor::dispatch {
+namespace {
+
+// The placements one mesh dim gives each input and the output.
+struct MeshDimOption {
+  std::vector<Placement> inputs;
+  Placement output;
+};
+
+std::vector<MeshDimOption> options_for_mesh_dim(const EinsumSpec& spec, const std::vector<DistTensor>& inputs,
+                                                int mesh_dim) {
+  const size_t n = inputs.size();
+  std::vector<MeshDimOption> options;
+  options.push_back({std::vector<Placement>(n, Replicate()), Replicate()});
+  if (inputs[0].mesh().size(mesh_dim) == 1) return options;  // nothing to split
+
+  std::string letters;
+  for (const std::string& in : spec.inputs) {
+    for (char c : in) {
+      if (c != '_' && letters.find(c) == std::string::npos && spec.unshardable.find(c) == std::string::npos) {
+        letters += c;
+      }
+    }
+  }
+  for (char letter : letters) {
+    MeshDimOption option{std::vector<Placement>(n, Replicate()), Replicate()};
+    for (size_t j = 0; j < n; ++j) {
+      const size_t pos = spec.inputs[j].find(letter);
+      if (pos != std::string::npos) option.inputs[j] = Shard(static_cast<int64_t>(pos));
+    }
+    const size_t out_pos = spec.output.find(letter);
+    option.output = out_pos == std::string::npos ? Partial(spec.contraction) : Shard(static_cast<int64_t>(out_pos));
+    options.push_back(option);
+  }
+
+  // Partial pass-through, offered only where an input already is Partial there.
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    auto is_partial = [&](size_t j) {
+      const Placement& p = inputs[j].placements()[mesh_dim];
+      const bool allowed = spec.partial_inputs.empty() || spec.partial_inputs[j];
+      return allowed && p.is_partial() && p.reduce_op() == op;
+    };
+    if (spec.partial == PartialRule::AllSame) {
+      bool any = false;
+      for (size_t j = 0; j < n; ++j) any |= is_partial(j);
+      if (any) options.push_back({std::vector<Placement>(n, Partial(op)), Partial(op)});
+    } else if (spec.partial == PartialRule::OneOf) {
+      for (size_t j = 0; j < n; ++j) {
+        if (!is_partial(j)) continue;
+        MeshDimOption option{std::vector<Placement>(n, Replicate()), Partial(op)};
+        option.inputs[j] = Partial(op);
+        options.push_back(option);
+      }
+    }
+  }
+  return options;
+}
+
+// Where several mesh dims shard one tensor dim, keep the input's own nesting when it
+// is sharded by the same mesh dims already (FSDP over TP), and give the output the
+// nesting of the input its dim comes from.
+void adopt_nesting(Strategy& s, const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
+  const size_t mesh_ndim = s.output.size();
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    const Placements& have = inputs[j].placements();
+    for (size_t m = 0; m < mesh_ndim; ++m) {
+      Placement& want = s.inputs[j][m];
+      if (!want.is_shard() || !have[m].is_shard(want.dim())) continue;
+      bool same_splitters = true;
+      for (size_t o = 0; o < mesh_ndim; ++o) {
+        same_splitters &= s.inputs[j][o].is_shard(want.dim()) == have[o].is_shard(want.dim());
+      }
+      if (!same_splitters) continue;
+      want = Shard(want.dim(), have[m].order());
+      // The output dim with the same letter inherits the order.
+      const char letter = spec.inputs[j][static_cast<size_t>(want.dim())];
+      const size_t out_pos = spec.output.find(letter);
+      if (out_pos != std::string::npos && s.output[m].is_shard(static_cast<int64_t>(out_pos))) {
+        s.output[m] = Shard(static_cast<int64_t>(out_pos), have[m].order());
+      }
+    }
+  }
+}
+
+double redistribution_cost(const DistTensor& t, const Placements& to) {
+  if (t.placements() == to) return 0;
+  const Placements target = redistribution::canonicalize(to, t.dim());
+  if (redistribution::layout_key(t.placements(), t.mesh().shape(), t.dim()) ==
+      redistribution::layout_key(target, t.mesh().shape(), t.dim())) {
+    return 0;
+  }
+  return redistribution::find_plan(t.placements(), target, t.shape(), t.mesh(), t.dtype())->predicted_seconds;
+}
+
+// ---- the per-rank cache ------------------------------------------------------------
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& key) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : key) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+thread_local std::unordered_map<std::vector<int64_t>, Strategy, KeyHash> strategy_cache;
+thread_local DispatchTrace* active_trace = nullptr;
+
+void encode(std::vector<int64_t>& key, const Placements& placements) {
+  for (const Placement& p : placements) {
+    key.push_back(static_cast<int64_t>(p.kind()) | (p.dim() << 4) | (static_cast<int64_t>(p.order()) << 20) |
+                  (static_cast<int64_t>(p.reduce_op()) << 28));
+  }
+}
+
+bool debug_dispatch() {
+  static const bool on = [] {
+    const char* env = std::getenv("DTENSOR_DEBUG");
+    return env && std::string_view(env).find("dispatch") != std::string_view::npos;
+  }();
+  return on;
+}
+
+}  // namespace
+
+std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
+  const int mesh_ndim = inputs[0].mesh().ndim();
+  std::vector<std::vector<MeshDimOption>> per_dim;
+  for (int m = 0; m < mesh_ndim; ++m) per_dim.push_back(options_for_mesh_dim(spec, inputs, m));
+  std::vector<Strategy> strategies{Strategy{std::vector<Placements>(inputs.size()), {}}};
+  for (int m = 0; m < mesh_ndim; ++m) {
+    std::vector<Strategy> next;
+    for (const Strategy& prefix : strategies) {
+      for (const MeshDimOption& option : per_dim[m]) {
+        Strategy s = prefix;
+        for (size_t j = 0; j < inputs.size(); ++j) s.inputs[j].push_back(option.inputs[j]);
+        s.output.push_back(option.output);
+        next.push_back(std::move(s));
+      }
+    }
+    strategies = std::move(next);
+  }
+  // Several mesh dims may not give one input Partials of different kinds.
+  std::erase_if(strategies, [](const Strategy& s) { return !redistribution::partials_compatible(s.output); });
+  for (Strategy& s : strategies) adopt_nesting(s, spec, inputs);
+  return strategies;
+}
+
+size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs) {
+  DT_CHECK_SUPPORTED(!strategies.empty(), "dispatch", "the op offered no sharding strategy");
+  size_t best = 0;
+  double best_cost = 0;
+  int best_changes = 0;
+  for (size_t i = 0; i < strategies.size(); ++i) {
+    double cost = 0;
+    int changes = 0;
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const double c = redistribution_cost(inputs[j], strategies[i].inputs[j]);
+      cost += c;
+      changes += strategies[i].inputs[j] != inputs[j].placements();
+    }
+    // Strictly cheaper wins; at equal cost, fewer changed inputs; then the first.
+    if (i == 0 || cost < best_cost - 1e-15 || (cost <= best_cost + 1e-15 && changes < best_changes)) {
+      best = i;
+      best_cost = cost;
+      best_changes = changes;
+    }
+  }
+  return best;
+}
+
+std::vector<DistTensor> redistribute_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs) {
+  std::vector<DistTensor> out;
+  out.reserve(inputs.size());
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    out.push_back(inputs[j].placements() == strategy.inputs[j] ? inputs[j] : inputs[j].redistribute(strategy.inputs[j]));
+  }
+  return out;
+}
+
+namespace detail {
+
+thread_local std::vector<int64_t> scratch_key;
+
+const Strategy* lookup(std::string_view op, const std::vector<int64_t>& attributes,
+                       const std::vector<DistTensor>& inputs) {
+  std::vector<int64_t>& key = scratch_key;
+  key.clear();
+  key.push_back(static_cast<int64_t>(std::hash<std::string_view>()(op)));
+  key.insert(key.end(), attributes.begin(), attributes.end());
+  const DeviceMesh& mesh = inputs[0].mesh();
+  key.insert(key.end(), mesh.shape().begin(), mesh.shape().end());
+  for (const DistTensor& t : inputs) {
+    key.push_back(-1 - static_cast<int64_t>(t.dtype()));
+    key.insert(key.end(), t.shape().begin(), t.shape().end());
+    encode(key, t.placements());
+  }
+  auto it = strategy_cache.find(key);
+  if (it == strategy_cache.end()) return nullptr;
+  if (active_trace) active_trace->add(describe(op, it->second, inputs));
+  return &it->second;
+}
+
+const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
+                       const std::vector<DistTensor>& inputs) {
+  const size_t chosen = choose_strategy(strategies, inputs);
+  const DeviceMesh& mesh = inputs[0].mesh();
+  if (debug_dispatch() && mesh.linear_index() == 0) std::cerr << describe(op, strategies[chosen], inputs) << "\n";
+  if (active_trace) active_trace->add(describe(op, strategies[chosen], inputs));
+  return strategy_cache.emplace(scratch_key, std::move(strategies[chosen])).first->second;
+}
+
+}  // namespace detail
+
+DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                const Shape& global_shape) {
+  auto impl = std::make_shared<DistTensor::Impl>();
+  impl->local = local;
+  impl->mesh = mesh;
+  impl->placements = placements;
+  impl->global_shape = global_shape;
+  return DistTensor(std::move(impl));
+}
+
+const DeviceMesh& common_mesh(const std::vector<DistTensor>& inputs, const char* op) {
+  DT_CHECK_ARG(!inputs.empty() && inputs[0].defined(), op, "expected defined DistTensors");
+  const DeviceMesh& mesh = inputs[0].mesh();
+  for (size_t j = 1; j < inputs.size(); ++j) {
+    DT_CHECK_ARG(inputs[j].defined(), op, "input ", j, " is an undefined DistTensor");
+    DT_CHECK_ARG(inputs[j].mesh() == mesh, op, "operands live on different meshes: input 0 on ",
+                 mesh.to_string(), ", input ", j, " on ", inputs[j].mesh().to_string());
+  }
+  return mesh;
+}
+
+std::string broadcast_letters(const Shape& input, const Shape& output) {
+  std::string letters;
+  const size_t lead = output.size() - input.size();
+  for (size_t j = 0; j < input.size(); ++j) {
+    const bool broadcast = input[j] == 1 && output[lead + j] != 1;
+    letters += broadcast ? '_' : static_cast<char>('a' + lead + j);
+  }
+  return letters;
+}
+
+std::string describe(std::string_view op, const Strategy& s, const std::vector<DistTensor>& inputs) {
+  std::ostringstream os;
+  os << "[dispatch] " << op << ":";
+  double total = 0;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    const double c = redistribution_cost(inputs[j], s.inputs[j]);
+    total += c;
+    os << " in" << j << " " << shape_to_string(inputs[j].shape()) << " "
+       << placements_to_string(inputs[j].placements());
+    if (s.inputs[j] != inputs[j].placements()) os << "->" << placements_to_string(s.inputs[j]);
+  }
+  os << " => out " << placements_to_string(s.output) << ", redistribution cost " << total * 1e6 << " us";
+  return os.str();
+}
+
+size_t strategy_cache_size() { return strategy_cache.size(); }
+void clear_strategy_cache() { strategy_cache.clear(); }
+
+}  // namespace dtensor::dispatch
+
+namespace dtensor {
+
+DispatchTrace::DispatchTrace() : previous_(dispatch::active_trace) { dispatch::active_trace = this; }
+DispatchTrace::~DispatchTrace() { dispatch::active_trace = previous_; }
+std::string DispatchTrace::to_string() const {
+  std::string out;
+  for (const std::string& line : decisions_) out += line + "\n";
+  return out;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,205 @@
+// DistTensor::redistribute, full_tensor, async redistribution and
+// explain_redistribute: run or describe the planner's plan.
+#include <sstream>
+
+#include "dtensor/autograd.h"
+#include "dtensor/dist_tensor.h"
+#include "placements/planner.h"
+
+namespace dtensor {
+
+using redistribution::find_plan;
+using redistribution::Plan;
+using redistribution::StepContext;
+using redistribution::transform_for;
+
+namespace {
+
+Placements checked_target(const DistTensor& t, const Placements& placements) {
+  return redistribution::canonicalize(
+      validate_placements(placements, t.mesh().ndim(), t.dim(), "redistribute"), t.dim());
+}
+
+DistTensor wrap(const Tensor& local, const DistTensor& like, const Placements& placements) {
+  auto impl = std::make_shared<DistTensor::Impl>();
+  impl->local = local;
+  impl->mesh = like.mesh();
+  impl->placements = placements;
+  impl->global_shape = like.shape();
+  return DistTensor(std::move(impl));
+}
+
+bool same_layout(const DistTensor& t, const Placements& to) {
+  return redistribution::layout_key(t.placements(), t.mesh().shape(), t.dim()) ==
+         redistribution::layout_key(to, t.mesh().shape(), t.dim());
+}
+
+StepContext context_for(const DistTensor& t, const redistribution::PlannedStep& step) {
+  return StepContext{t.mesh(), t.shape(), t.dtype(), step.before, step.after, step.mesh_dim};
+}
+
+}  // namespace
+
+// The backward of redistribute (DESIGN.md): the gradient goes back to the source
+// layout, with a Partial source taken as Replicate (the gradient of every partial
+// contribution is the full gradient). So S->R's backward reduce-scatters a Partial
+// gradient (or chunks a Replicate one), R->S's all-gathers, P->R's is free.
+DistTensor record_redistribute(DistTensor out, const DistTensor& source) {
+  if (!autograd::needs_grad({source})) return out;
+  Placements back = source.placements();
+  for (Placement& p : back) {
+    if (p.is_partial()) p = Replicate();
+  }
+  std::vector<DistTensor> outs{out};
+  autograd::record("redistribute", {source}, outs, [back](const std::vector<DistTensor>& g) {
+    return std::vector<DistTensor>{g[0].redistribute(back)};
+  });
+  return outs[0];
+}
+
+DistTensor DistTensor::redistribute(const Placements& placements) const {
+  const Placements to = checked_target(*this, placements);
+  if (same_layout(*this, to)) return record_redistribute(wrap(to_local(), *this, to), *this);
+  std::shared_ptr<const Plan> plan = find_plan(this->placements(), to, shape(), mesh(), dtype());
+  Tensor local = to_local();
+  for (const auto& step : plan->steps) local = transform_for(step.kind).apply(local, context_for(*this, step));
+  return record_redistribute(wrap(local, *this, to), *this);
+}
+
+DistTensor DistTensor::redistribute(const DeviceMesh& mesh, const Placements& placements) const {
+  DT_CHECK_ARG(mesh == this->mesh(), "redistribute", "expected the tensor's mesh ", this->mesh().to_string(),
+               " (ranks of the same world), got mesh ", mesh.to_string(),
+               ": moving a tensor to another mesh is not supported");
+  return redistribute(placements);
+}
+
+Tensor DistTensor::full_tensor() const {
+  return redistribute(Placements(mesh().ndim(), Replicate())).to_local();
+}
+
+// ---- async ---------------------------------------------------------------------------
+
+struct PendingRedistribute::State {
+  DistTensor source;
+  Placements to;
+  std::shared_ptr<const Plan> plan;
+  redistribution::StartedStep first;
+  bool consumed = false;
+};
+
+PendingRedistribute DistTensor::redistribute_async(const Placements& placements) const {
+  auto state = std::make_shared<PendingRedistribute::State>();
+  state->source = *this;
+  state->to = checked_target(*this, placements);
+  if (!same_layout(*this, state->to)) {
+    state->plan = find_plan(this->placements(), state->to, shape(), mesh(), dtype());
+    const auto& step = state->plan->steps.front();
+    state->first = transform_for(step.kind).start(to_local(), context_for(*this, step));
+  }
+  return PendingRedistribute(std::move(state));
+}
+
+DistTensor PendingRedistribute::wait() {
+  DT_CHECK_ARG(state_ && !state_->consumed, "redistribute_async",
+               "wait() called on a finished or empty handle");
+  state_->consumed = true;
+  const DistTensor& source = state_->source;
+  if (!state_->plan) return wrap(source.to_local(), source, state_->to);
+  Tensor local = state_->first.finish();
+  for (size_t i = 1; i < state_->plan->steps.size(); ++i) {
+    const auto& step = state_->plan->steps[i];
+    local = transform_for(step.kind).apply(local, context_for(source, step));
+  }
+  return record_redistribute(wrap(local, source, state_->to), source);
+}
+
+bool PendingRedistribute::is_first_step_completed() const {
+  return !state_ || !state_->plan || state_->first.work.is_completed();
+}
+
+// ---- explain ---------------------------------------------------------------------------
+
+int64_t RedistributePlan::bytes_sent() const {
+  int64_t total = 0;
+  for (const RedistributeStep& step : steps) total += step.bytes_sent;
+  return total;
+}
+
+namespace {
+std::string format_bytes(int64_t bytes) {
+  std::ostringstream os;
+  if (bytes >= (1 << 20)) {
+    os << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  } else if (bytes >= 1024) {
+    os << static_cast<double>(bytes) / 1024 << " KiB";
+  } else {
+    os << bytes << " B";
+  }
+  return os.str();
+}
+std::string format_seconds(double s) {
+  std::ostringstream os;
+  os.precision(3);
+  if (s >= 1e-3) {
+    os << s * 1e3 << " ms";
+  } else {
+    os << s * 1e6 << " us";
+  }
+  return os.str();
+}
+}  // namespace
+
+std::string RedistributeStep::to_string() const {
+  std::ostringstream os;
+  os << transform_name(kind);
+  if (mesh_dim >= 0) {
+    os << " on mesh dim " << mesh_dim;
+  } else {
+    os << " over the whole mesh";
+  }
+  os << ": " << placements_to_string(before) << " -> " << placements_to_string(after);
+  if (collective.empty()) {
+    os << ", local";
+  } else {
+    os << ", " << collective_calls << " " << collective << ", sends " << format_bytes(bytes_sent);
+  }
+  os << ", predicted " << format_seconds(predicted_seconds);
+  return os.str();
+}
+
+std::string RedistributePlan::to_string() const {
+  std::ostringstream os;
+  os << placements_to_string(from) << " -> " << placements_to_string(to) << ": ";
+  if (steps.empty()) {
+    os << "nothing to do\n";
+    return os.str();
+  }
+  os << steps.size() << " step" << (steps.size() > 1 ? "s" : "") << ", sends "
+     << format_bytes(bytes_sent()) << " from this rank, predicted " << format_seconds(predicted_seconds)
+     << "\n";
+  for (size_t i = 0; i < steps.size(); ++i) os << "  " << i + 1 << ". " << steps[i].to_string() << "\n";
+  return os.str();
+}
+
+RedistributePlan explain_redistribute(const Placements& from, const Placements& to,
+                                      const Shape& shape, const DeviceMesh& mesh, DType dtype) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  RedistributePlan out;
+  out.from = redistribution::canonicalize(validate_placements(from, mesh.ndim(), ndim, "explain_redistribute"), ndim);
+  out.to = redistribution::canonicalize(validate_placements(to, mesh.ndim(), ndim, "explain_redistribute"), ndim);
+  if (redistribution::layout_key(out.from, mesh.shape(), ndim) ==
+      redistribution::layout_key(out.to, mesh.shape(), ndim)) {
+    return out;
+  }
+  std::shared_ptr<const Plan> plan = find_plan(out.from, out.to, shape, mesh, dtype);
+  for (const auto& step : plan->steps) {
+    const StepContext ctx{mesh, shape, dtype, step.before, step.after, step.mesh_dim};
+    const redistribution::Footprint fp = transform_for(step.kind).footprint(ctx);
+    out.steps.push_back(RedistributeStep{step.kind, step.mesh_dim, step.before, step.after,
+                                         fp.bytes_sent, fp.collective, fp.calls, step.predicted_seconds});
+  }
+  out.predicted_seconds = plan->predicted_seconds;
+  return out;
+}
+
+}  // namespace dtensor

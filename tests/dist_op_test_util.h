@@ -1,0 +1,194 @@
+// The op-conformance harness (ggml test-backend-ops style): one small case per op,
+// run for every input placement combination on 1-D (2, 3 ranks) and 2-D (2x2)
+// meshes, compared with the same computation on full tensors on one rank, forward
+// and backward; and the one-rank backward compared with finite differences in F64.
+#pragma once
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dtensor/autograd.h"
+#include "dtensor/comm_debug.h"
+#include "dtensor/ops.h"
+#include "test_helpers.h"
+
+namespace dtensor::testing {
+
+struct OpCase {
+  std::string name;
+  std::vector<Tensor> inputs;  // full tensors
+  // Inputs that get gradients (floating ones by default).
+  std::vector<bool> differentiable;
+  std::function<DistTensor(const std::vector<DistTensor>&)> dist_fn;
+  // The forward on plain tensors (the independent reference); may be empty.
+  std::function<Tensor(const std::vector<Tensor>&)> local_fn;
+  double rtol = 1e-4, atol = 1e-5;
+  // Offer Partial(sum) inputs (genuinely split values) for floating inputs.
+  bool partial_inputs = true;
+  // At most this many placement combinations per mesh (sampled, fixed seed).
+  int64_t max_combinations = 200;
+};
+
+// Placement choices for one input on one mesh dim.
+inline std::vector<Placement> choices_for(const Tensor& t, bool partial) {
+  std::vector<Placement> out{Replicate()};
+  for (int64_t d = 0; d < t.dim(); ++d) out.push_back(Shard(d));
+  if (partial && is_floating(t.dtype())) out.push_back(Partial());
+  return out;
+}
+
+// A DistTensor of `full` with `placements`; Partial(sum) dims hold (c+1)/T shares.
+inline DistTensor make_input(const Tensor& full, const DeviceMesh& mesh, const Placements& placements) {
+  Placements replicated = placements;
+  for (Placement& p : replicated) {
+    if (p.is_partial()) p = Replicate();
+  }
+  Tensor local = distribute(full, mesh, replicated).to_local();
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (!placements[i].is_partial()) continue;
+    const double c = static_cast<double>(mesh.coordinate(static_cast<int>(i)));
+    const double n = static_cast<double>(mesh.size(static_cast<int>(i)));
+    local = mul(local, (c + 1) / (n * (n + 1) / 2));
+  }
+  return DistTensor::from_local(local.contiguous(), mesh, placements, full.shape());
+}
+
+// Forward output (full) and input gradients (full; undefined where none) of the
+// case's dist_fn on `mesh` with `layouts`, for the upstream gradient seed.
+struct RunResult {
+  Tensor output;
+  std::vector<Tensor> grads;
+};
+
+inline RunResult run_case(const OpCase& c, const DeviceMesh& mesh, const std::vector<Placements>& layouts) {
+  std::vector<DistTensor> inputs;
+  for (size_t j = 0; j < c.inputs.size(); ++j) {
+    DistTensor t = make_input(c.inputs[j], mesh, layouts[j]);
+    const bool diff = c.differentiable.empty() ? is_floating(c.inputs[j].dtype()) : c.differentiable[j];
+    if (diff) t.set_requires_grad();
+    inputs.push_back(t);
+  }
+  DistTensor out = c.dist_fn(inputs);
+  RunResult result;
+  result.output = out.full_tensor();
+  if (out.requires_grad()) {
+    const Tensor upstream = Tensor::randn(out.shape(), 1234, out.dtype());
+    out.backward(distribute(upstream, mesh, Placements(mesh.ndim(), Replicate())));
+  }
+  for (const DistTensor& t : inputs) result.grads.push_back(t.grad().defined() ? t.grad().full_tensor() : Tensor());
+  return result;
+}
+
+inline std::vector<std::vector<Placements>> combinations(const OpCase& c, int mesh_ndim) {
+  std::vector<std::vector<Placements>> all{{}};
+  for (const Tensor& t : c.inputs) {
+    // Every placement list for this input.
+    std::vector<Placements> lists{{}};
+    for (int m = 0; m < mesh_ndim; ++m) {
+      std::vector<Placements> next;
+      for (const Placements& prefix : lists) {
+        for (const Placement& p : choices_for(t, c.partial_inputs)) {
+          Placements l = prefix;
+          l.push_back(p);
+          next.push_back(l);
+        }
+      }
+      lists = next;
+    }
+    std::vector<std::vector<Placements>> next;
+    for (const auto& prefix : all) {
+      for (const Placements& l : lists) {
+        auto combo = prefix;
+        combo.push_back(l);
+        next.push_back(combo);
+      }
+    }
+    all = next;
+  }
+  if (static_cast<int64_t>(all.size()) > c.max_combinations) {
+    std::mt19937 rng(5);
+    std::shuffle(all.begin(), all.end(), rng);
+    all.resize(c.max_combinations);
+  }
+  return all;
+}
+
+inline std::string describe_layouts(const std::vector<Placements>& layouts) {
+  std::string s;
+  for (const Placements& l : layouts) s += "[" + placements_to_string(l) + "] ";
+  return s;
+}
+
+inline void expect_close(const Tensor& got, const Tensor& want, const OpCase& c, const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << c.name << " " << what;
+  if (!want.defined()) return;
+  ASSERT_TRUE(allclose(got.to(DType::F64), want.to(DType::F64), c.rtol, c.atol))
+      << c.name << " " << what << ": " << compare(got.to(DType::F64), want.to(DType::F64), c.rtol, c.atol).to_string();
+}
+
+// Forward and backward on every layout combination of each mesh, against one rank.
+inline void run_conformance(const OpCase& c) {
+  RunResult reference;
+  launch(1, [&](Group world) { reference = run_case(c, DeviceMesh(world, {1}), {c.inputs.size(), {Replicate()}}); });
+  if (c.local_fn) expect_close(reference.output, c.local_fn(c.inputs), c, "one-rank forward vs local reference");
+  struct MeshCase {
+    int world;
+    Shape shape;
+  };
+  for (const MeshCase& m : {MeshCase{2, {2}}, MeshCase{3, {3}}, MeshCase{4, {2, 2}}}) {
+    const auto combos = combinations(c, static_cast<int>(m.shape.size()));
+    launch(m.world, [&](Group world) {
+      DeviceMesh mesh(world, m.shape);
+      for (const auto& layouts : combos) {
+        const RunResult got = run_case(c, mesh, layouts);
+        const std::string where = "on mesh " + mesh.to_string() + " with inputs " + describe_layouts(layouts);
+        expect_close(got.output, reference.output, c, "forward " + where);
+        for (size_t j = 0; j < got.grads.size(); ++j) {
+          expect_close(got.grads[j], reference.grads[j], c, "grad of input " + std::to_string(j) + " " + where);
+        }
+      }
+    });
+  }
+}
+
+// The one-rank backward against central finite differences in F64 (the case's
+// inputs converted to F64; checks up to `max_elements` elements per input).
+inline void check_finite_differences(const OpCase& c, int64_t max_elements = 12, double tolerance = 1e-6) {
+  OpCase f64 = c;
+  for (Tensor& t : f64.inputs) {
+    if (is_floating(t.dtype())) t = t.to(DType::F64);
+  }
+  launch(1, [&](Group world) {
+    DeviceMesh mesh(world, {1});
+    const Placements r{Replicate()};
+    const RunResult analytic = run_case(f64, mesh, {f64.inputs.size(), r});
+    const Tensor upstream = Tensor::randn(analytic.output.shape(), 1234, DType::F64);
+    auto objective = [&](const std::vector<Tensor>& values) {
+      std::vector<DistTensor> in;
+      for (const Tensor& v : values) in.push_back(distribute(v, mesh, r));
+      NoGradGuard no_grad;
+      const Tensor out = f64.dist_fn(in).full_tensor();
+      return sum(mul(out.to(DType::F64), upstream)).item<double>();
+    };
+    for (size_t j = 0; j < f64.inputs.size(); ++j) {
+      if (!analytic.grads[j].defined()) continue;
+      const std::vector<double> grad = analytic.grads[j].to(DType::F64).to_vector<double>();
+      for (int64_t i = 0; i < std::min<int64_t>(max_elements, f64.inputs[j].numel()); ++i) {
+        const double h = 1e-6;
+        std::vector<Tensor> plus = f64.inputs, minus = f64.inputs;
+        plus[j] = plus[j].clone();
+        minus[j] = minus[j].clone();
+        const double x = f64.inputs[j].reshape({-1}).select(0, i).item<double>();
+        plus[j].reshape({-1}).select(0, i).fill_(x + h);
+        minus[j].reshape({-1}).select(0, i).fill_(x - h);
+        const double numeric = (objective(plus) - objective(minus)) / (2 * h);
+        ASSERT_NEAR(grad[i], numeric, tolerance * std::max(1.0, std::fabs(numeric)))
+            << c.name << ": d/d input " << j << "[" << i << "]";
+      }
+    }
+  });
+}
+
+}  // namespace dtensor::testing

@@ -1,0 +1,245 @@
+// The threads backend: every shared case on world sizes 1, 2, 3, 4, 5 and 8, then
+// what only a single process can test cheaply: faults, timeouts, mismatched calls,
+// init and launch.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "test_comm_cases.h"
+
+using namespace dtensor;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct CaseAndSize {
+  comm_cases::NamedCase c;
+  int world;
+};
+
+std::vector<CaseAndSize> all_cases() {
+  std::vector<CaseAndSize> out;
+  for (const auto& c : comm_cases::kCases) {
+    for (int world : {1, 2, 3, 4, 5, 8}) out.push_back({c, world});
+  }
+  return out;
+}
+
+void PrintTo(const CaseAndSize& p, std::ostream* os) { *os << p.c.name << " on " << p.world << " ranks"; }
+
+class ThreadsCase : public ::testing::TestWithParam<CaseAndSize> {};
+
+TEST_P(ThreadsCase, MatchesDirectComputation) {
+  const auto& p = GetParam();
+  launch(p.world, [&](Group world) {
+    ASSERT_EQ(world.size(), p.world);
+    ASSERT_EQ(world.backend(), "threads");
+    p.c.run(world);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Comm, ThreadsCase, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<CaseAndSize>& info) {
+                           return std::string(info.param.c.name) + "_world" +
+                                  std::to_string(info.param.world);
+                         });
+
+// Runs launch and returns the message of the exception it rethrows ("" if none).
+template <class Exception = std::exception>
+std::string launch_error(int n, const std::function<void(Group)>& fn) {
+  try {
+    launch(n, fn);
+  } catch (const Exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(CommThreads, ThrowingRankReleasesPeersQuickly) {
+  std::atomic<int> released{0};
+  std::string peer_message;
+  std::mutex mutex;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string error = launch_error(4, [&](Group world) {
+    if (world.rank() == 2) throw std::invalid_argument("rank two broke");
+    try {
+      all_reduce(world, Tensor::ones({4}));
+    } catch (const std::runtime_error& e) {
+      released++;
+      std::lock_guard<std::mutex> lock(mutex);
+      peer_message = e.what();
+      throw;
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(error, "rank two broke");  // the first error, rethrown as it was
+  EXPECT_EQ(released.load(), 3);
+  EXPECT_TRUE(contains(peer_message, "[all_reduce]")) << peer_message;
+  EXPECT_TRUE(contains(peer_message, "rank 2 failed: rank two broke")) << peer_message;
+  EXPECT_LT(seconds, 1.5);
+}
+
+TEST(CommThreads, ThrowingRankReleasesAsyncWorkAndP2P) {
+  std::atomic<int> released{0};
+  const std::string error = launch_error(3, [&](Group world) {
+    if (world.rank() == 0) {
+      std::this_thread::sleep_for(50ms);
+      throw std::runtime_error("late failure");
+    }
+    Tensor t = Tensor::ones({4});
+    Work w = all_reduce_async(world, t, t);
+    try {
+      recv(world, Tensor::empty({1}), 0);
+    } catch (const std::runtime_error&) {
+      released++;
+    }
+    EXPECT_THROW(w.wait(), std::runtime_error);
+  });
+  EXPECT_EQ(error, "late failure");
+  EXPECT_EQ(released.load(), 2);
+}
+
+TEST(CommThreads, MissingRankTimesOutNamingOpGroupAndRanks) {
+  const std::string error = launch_error<std::runtime_error>(3, [&](Group world) {
+    world.set_timeout(200ms);
+    if (world.rank() == 1) return;  // never arrives
+    all_reduce(world, Tensor::ones({2}));
+  });
+  EXPECT_TRUE(contains(error, "[all_reduce] timed out after 0.2 s in group 'world'")) << error;
+  EXPECT_TRUE(contains(error, "ranks [1] did not arrive")) << error;
+}
+
+TEST(CommThreads, TimeoutInSubGroupAndRecvNamesThem) {
+  const std::string error = launch_error<std::runtime_error>(4, [&](Group world) {
+    Group sub = world.split(world.rank() / 2);
+    sub.set_timeout(150ms);
+    if (world.rank() == 3) return;
+    if (world.rank() == 2) recv(sub, Tensor::empty({2}), 1, 9);
+    if (world.rank() < 2) barrier(sub);
+  });
+  EXPECT_TRUE(contains(error, "[recv] timed out after 0.15 s in group 'world/c1'")) << error;
+  EXPECT_TRUE(contains(error, "no send from rank 1 for 8 bytes with tag 9")) << error;
+}
+
+TEST(CommThreads, DifferentCollectivesNameBothCalls) {
+  std::atomic<int> mismatches{0};
+  launch(2, [&](Group world) {
+    Tensor t = Tensor::ones({8});
+    try {
+      if (world.rank() == 0) all_reduce(world, t);
+      else all_gather(world, t, 0, {8, 8});
+    } catch (const std::invalid_argument& e) {
+      const std::string msg = e.what();
+      EXPECT_TRUE(contains(msg, "rank 0 called all_reduce(f32, 8 elements, sum)")) << msg;
+      EXPECT_TRUE(contains(msg, "rank 1 called all_gather(f32, counts [8, 8])")) << msg;
+      mismatches++;
+    }
+    // The group stays usable after a mismatch both ranks saw.
+    EXPECT_EQ(all_reduce(world, t).to_vector<float>()[0], 2.0f);
+  });
+  EXPECT_EQ(mismatches.load(), 2);
+}
+
+TEST(CommThreads, DifferentSizesAndSplitsAreMismatches) {
+  launch(3, [&](Group world) {
+    Tensor t = Tensor::ones({world.rank() == 1 ? 5 : 4});
+    try {
+      all_reduce(world, t);
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "rank 1 called all_reduce(f32, 5 elements, sum)")) << e.what();
+    }
+    // all_to_all: rank 2 expects 3 rows from rank 0, which sends 2.
+    Tensor in = Tensor::ones({6, 1});
+    std::vector<int64_t> recv = world.rank() == 2 ? std::vector<int64_t>{3, 2, 1} : std::vector<int64_t>{2, 2, 2};
+    Tensor out = Tensor::empty({6, 1});
+    EXPECT_THROW(all_to_all_async(world, in, out, recv, {2, 2, 2}).wait(), std::invalid_argument);
+  });
+}
+
+TEST(CommThreads, P2PSizeMismatchIsReportedOnBothSides) {
+  std::atomic<int> errors{0};
+  launch(2, [&](Group world) {
+    try {
+      if (world.rank() == 0) send(world, Tensor::ones({4}), 1, 3);
+      else recv(world, Tensor::empty({3}), 0, 3);
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "rank 0 sent 16 bytes of f32 with tag 3 to rank 1")) << e.what();
+      errors++;
+    }
+  });
+  EXPECT_EQ(errors.load(), 2);
+}
+
+TEST(CommThreads, AsyncOverlapsWithComputeAndKeepsOrder) {
+  launch(4, [&](Group world) {
+    std::vector<Tensor> ts;
+    std::vector<Work> works;
+    for (int k = 0; k < 6; ++k) {
+      ts.push_back(Tensor::full({1000}, world.rank() + k));
+      works.push_back(all_reduce_async(world, ts.back(), ts.back()));
+    }
+    Tensor mine = all_reduce(world, Tensor::ones({3}));  // after the queued ones
+    EXPECT_EQ(mine.to_vector<float>()[2], 4.0f);
+    for (int k = 0; k < 6; ++k) {
+      works[k].wait();
+      EXPECT_TRUE(works[k].is_completed());
+      EXPECT_EQ(ts[k].to_vector<float>()[999], 6.0f + 4 * k);
+    }
+  });
+}
+
+TEST(CommThreads, SizeOneGroupReturnsItsInput) {
+  launch(1, [&](Group world) {
+    Tensor t = Tensor::ones({3});
+    EXPECT_TRUE(all_reduce(world, t).shares_storage(t));
+    EXPECT_TRUE(all_gather(world, t).shares_storage(t));
+    EXPECT_TRUE(reduce_scatter(world, t).shares_storage(t));
+    EXPECT_TRUE(all_reduce_async(world, t, t).is_completed());
+  });
+}
+
+TEST(CommThreads, InitFindsTheLaunchedWorldAndRejectsUnknownNames) {
+  Group single = init("threads");
+  EXPECT_EQ(single.size(), 1);
+  EXPECT_EQ(single.backend(), "threads");
+  launch(3, [&](Group world) {
+    EXPECT_TRUE(init("threads") == world);
+    EXPECT_TRUE(init("any") == world);
+  });
+  try {
+    init("gloo");
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "[init] unknown backend 'gloo'; valid backends: threads, mpi, any");
+  }
+  EXPECT_TRUE(is_available("threads"));
+  EXPECT_FALSE(is_available("gloo"));
+  EXPECT_EQ(is_available("mpi"), DTENSOR_WITH_MPI == 1);
+}
+
+TEST(CommThreads, LaunchGivesEachRankItsOwnMemoryCounters) {
+  launch(3, [&](Group world) {
+    const int64_t before = memory_stats().live_bytes;
+    Tensor t = Tensor::empty({256 * (world.rank() + 1)});  // 1, 2, 3 KiB
+    EXPECT_EQ(memory_stats().live_bytes - before, 1024 * (world.rank() + 1));
+    barrier(world);
+  });
+  EXPECT_THROW(launch(0, [](Group) {}), std::invalid_argument);
+}
+
+TEST(CommThreads, UndefinedGroupAndBadArgumentsAreRejected) {
+  EXPECT_THROW(all_reduce(Group(), Tensor::ones({1})), std::invalid_argument);
+  launch(2, [&](Group world) {
+    EXPECT_THROW(broadcast_(world, Tensor::ones({1}), 2), std::invalid_argument);
+    EXPECT_THROW(send(world, Tensor::ones({1}), 5), std::invalid_argument);
+    EXPECT_THROW(all_gather_async(world, Tensor::ones({2}), Tensor::empty({3})), std::invalid_argument);
+    EXPECT_THROW(reduce_scatter(world, Tensor::ones({4}), ReduceOp::Sum, 0, {1, 1}), std::invalid_argument);
+  });
+}
+
+}  // namespace
