@@ -7,6 +7,7 @@
 //   thr   dtensor's threads backend, n threads inside process 0,
 //   memcpy single-thread memcpy of `bytes`, the ceiling a CPU copy reaches.
 // Run: mpirun -np 4 --oversubscribe bench_collectives [--max-mib=64] [--worlds=2,4]
+//      [--only=all_reduce]
 // Without mpirun (or in a build without MPI) only threads and memcpy are measured.
 #if DTENSOR_WITH_MPI
 #include <mpi.h>
@@ -28,7 +29,8 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 enum class Coll { AllReduce, AllGather, ReduceScatter, AllToAll };
-const Coll kColls[] = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll};
+// Measured collectives (--only= keeps one).
+std::vector<Coll> collectives = {Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll};
 const char* name(Coll c) {
   static const char* names[] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"};
   return names[static_cast<int>(c)];
@@ -164,8 +166,10 @@ std::string size_label(int64_t bytes) {
 int main(int argc, char** argv) {
   int64_t max_bytes = 64LL << 20;
   std::vector<int> worlds{2, 4};
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg.rfind("--only=", 0) == 0) only = arg.substr(7);
     if (arg.rfind("--max-mib=", 0) == 0) max_bytes = std::stoll(arg.substr(10)) << 20;
     if (arg.rfind("--worlds=", 0) == 0) {
       worlds.clear();
@@ -175,6 +179,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (!only.empty()) std::erase_if(collectives, [&](Coll c) { return only != name(c); });
   std::vector<int64_t> sizes;
   for (int64_t s = 4 << 10; s <= max_bytes; s *= 4) sizes.push_back(s);
 
@@ -199,7 +204,7 @@ int main(int argc, char** argv) {
       MPI_Comm_split(MPI_COMM_WORLD, active ? 0 : MPI_UNDEFINED, rank, &raw);
       Group group = world.split(active ? 0 : -1);
       if (active) {
-        for (Coll c : kColls) {
+        for (Coll c : collectives) {
           for (size_t s = 0; s < sizes.size(); ++s) {
             Buffers b(c, sizes[s], n);
             const int iters = iterations(sizes[s]);
@@ -215,7 +220,7 @@ int main(int argc, char** argv) {
 #endif
     // Threads columns: n threads in process 0; the other processes wait.
     if (rank == 0) {
-      for (Coll c : kColls) {
+      for (Coll c : collectives) {
         for (size_t s = 0; s < sizes.size(); ++s) rows[static_cast<int>(c)][s].thr = time_threads(c, n, sizes[s]);
       }
     }
@@ -223,7 +228,7 @@ int main(int argc, char** argv) {
     if (with_mpi) rendezvous_without_spinning();
 #endif
     if (rank != 0) continue;
-    for (Coll c : kColls) {
+    for (Coll c : collectives) {
       for (size_t s = 0; s < sizes.size(); ++s) {
         const Row& r = rows[static_cast<int>(c)][s];
         const double bytes = static_cast<double>(sizes[s]);

@@ -1,8 +1,6 @@
 // Layout-aware helpers of the neural-network op families.
 #include "ops/nn_helpers.h"
 
-#include <cstring>
-
 namespace dtensor::ops {
 
 Placed place_inputs(const char* op, const std::vector<int64_t>& attributes,
@@ -42,12 +40,6 @@ DistTensor without_partials(const DistTensor& a) {
 int64_t shard_offset(const DeviceMesh& mesh, const Shape& shape, const Placements& placements, int64_t dim) {
   if (!is_sharded_on(placements, dim)) return 0;
   return local_block(shape, mesh.shape(), placements, mesh.coordinate())[static_cast<size_t>(dim)].offset;
-}
-
-int64_t double_bits(double value) {
-  int64_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  return bits;
 }
 
 }  // namespace dtensor::ops

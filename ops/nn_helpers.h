@@ -37,7 +37,4 @@ DistTensor without_partials(const DistTensor& a);
 // along tensor dim `dim` (0 where no mesh dim shards it).
 int64_t shard_offset(const DeviceMesh& mesh, const Shape& shape, const Placements& placements, int64_t dim);
 
-// The bits of a double, for strategy cache keys.
-int64_t double_bits(double value);
-
 }  // namespace dtensor::ops

@@ -55,8 +55,8 @@ DistTensor fused(const DistTensor& x, const NormSpec& n) {
     inputs.push_back(**p);
     spec.inputs.push_back(spec.unshardable);
   }
-  const ops::Placed placed = ops::place_inputs(
-      n.op, {n.rms, n.weight.has_value(), n.bias.has_value(), ops::double_bits(n.eps)}, inputs, spec);
+  // The strategy depends only on the layouts (the cache key has them), not on eps.
+  const ops::Placed placed = ops::place_inputs(n.op, {}, inputs, spec);
   const Tensor& x_local = placed.locals[0];
   const std::optional<Tensor> w_local = n.weight ? std::optional<Tensor>(placed.locals[1]) : std::nullopt;
   const std::optional<Tensor> b_local =
@@ -94,12 +94,15 @@ DistTensor distributed(const DistTensor& x_in, const NormSpec& n) {
   const DistTensor x = ops::without_partials(x_in);
   std::vector<int64_t> dims;
   for (int64_t d = x.dim() - static_cast<int64_t>(n.normalized_shape.size()); d < x.dim(); ++d) dims.push_back(d);
+  // Each statistic is all-reduced explicitly rather than left to the greedy
+  // per-op choice (which may split it into a reduce-scatter and an all-gather).
+  auto statistic = [&](const DistTensor& t) { return ops::without_partials(mean(t, dims, true)); };
   DistTensor out;
   if (n.rms) {
-    out = mul(x, rsqrt(add(mean(square(x), dims, true), n.eps)));
+    out = mul(x, rsqrt(add(statistic(square(x)), n.eps)));
   } else {
-    const DistTensor centered = sub(x, mean(x, dims, true));
-    out = mul(centered, rsqrt(add(mean(square(centered), dims, true), n.eps)));
+    const DistTensor centered = sub(x, statistic(x));
+    out = mul(centered, rsqrt(add(statistic(square(centered)), n.eps)));
   }
   if (n.weight) out = mul(out, *n.weight);
   if (n.bias) out = add(out, *n.bias);

@@ -2,11 +2,11 @@
 //
 // Rule: the dim being cut or joined must be whole on every rank (replicated across
 // the mesh); every other dim keeps its sharding, since cutting along one dim does
-// not move data along the others. A sharded cut dim is gathered first: a shard of a
-// slice or of a piece does not line up with the chunk rule's shards of the result,
-// and gathering is what the dispatch would pick as the cheapest correct layout in
-// nearly every case. All of these ops are linear, so Partial passes through (cat
-// needs every input Partial alike: cat(P, R) would sum the R part over the ranks).
+// not move data along the others. A sharded cut dim is made whole first (a shard of
+// a slice or of a piece does not line up with the chunk rule's shards of the
+// result); the dispatch picks the cheapest way: an all-to-all onto another dim, or
+// an all-gather. All of these ops are linear, so Partial passes through (cat needs
+// every input Partial alike: cat(P, R) would sum the R part over the ranks).
 //
 // Backward: slice scatters its gradient into zeros of the input shape; cat splits
 // its gradient; split and chunk cat their pieces' gradients, zeros where a piece got

@@ -25,8 +25,13 @@ dispatch::EinsumSpec along_dim_spec(int64_t ndim, int64_t dim, size_t inputs) {
 }
 
 DistTensor fused_backward(bool log_form, const DistTensor& grad, const DistTensor& out, int64_t dim) {
-  return ops::run_einsum(log_form ? "log_softmax_backward" : "softmax_backward", {dim}, {grad, out},
-                         along_dim_spec(out.dim(), dim, 2), out.shape(),
+  // Both backward kernels are linear in the incoming gradient: a Partial one passes
+  // through (reduced later, if at all).
+  dispatch::EinsumSpec spec = along_dim_spec(out.dim(), dim, 2);
+  spec.partial = dispatch::PartialRule::OneOf;
+  spec.partial_inputs = {true, false};
+  return ops::run_einsum(log_form ? "log_softmax_backward" : "softmax_backward", {dim}, {grad, out}, spec,
+                         out.shape(),
                          [log_form, dim](const std::vector<Tensor>& l) {
                            return log_form ? log_softmax_backward(l[0], l[1], dim) : softmax_backward(l[0], l[1], dim);
                          });
@@ -50,10 +55,13 @@ DistTensor distributed(bool log_form, const DistTensor& a, int64_t dim) {
   // softmax(x) = softmax(x - c) for any c constant along dim: the max is only for
   // range, and treating it as a constant gives the exact gradient without amax's
   // backward (and its collectives).
-  const DistTensor m = amax(x.detach(), {dim}, true);
+  // The statistics are all-reduced explicitly (Megatron's pattern): left to each
+  // op's greedy choice, a Partial input of log may become a reduce-scatter plus an
+  // all-gather, the same bytes in twice the collectives.
+  const DistTensor m = ops::without_partials(amax(x.detach(), {dim}, true));
   const DistTensor shifted = sub(x, m);
   const DistTensor e = exp(shifted);
-  const DistTensor s = sum(e, {dim}, true);
+  const DistTensor s = ops::without_partials(sum(e, {dim}, true));
   return log_form ? sub(shifted, log(s)) : div(e, s);
 }
 

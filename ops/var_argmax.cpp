@@ -12,6 +12,7 @@
 // index plus its shard offset; a sentinel where it has none), and an all-reduce of
 // Min over the mesh dims that shard the dim picks the first one globally.
 #include <algorithm>
+#include <cassert>
 #include <set>
 
 #include "ops/nn_helpers.h"
@@ -72,6 +73,7 @@ DistTensor sharded_argmax(const DistTensor& a, int64_t dim, bool keepdim) {
   const DistTensor top = amax(x, {dim}, true);
   const Tensor top_local = top.redistribute(ops::partials_replicated(top.placements())).to_local();
   const Tensor& local = x.to_local();
+  assert(top_local.dim() == local.dim());
   const int64_t extent = x.size(dim);  // no global index reaches it: the "none here" sentinel
   Shape reduced = local.shape();
   reduced[static_cast<size_t>(dim)] = 1;

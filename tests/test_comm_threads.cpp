@@ -222,6 +222,19 @@ TEST(CommThreads, InitFindsTheLaunchedWorldAndRejectsUnknownNames) {
   EXPECT_EQ(is_available("mpi"), DTENSOR_WITH_MPI == 1);
 }
 
+#if !DTENSOR_WITH_MPI
+TEST(CommThreads, MpiInABuildWithoutMpiSaysHowToGetIt) {
+  try {
+    init("mpi");
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_TRUE(contains(e.what(), "has no MPI backend")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "-DDTENSOR_WITH_MPI=ON")) << e.what();
+  }
+  EXPECT_EQ(init("any").backend(), "threads");
+}
+#endif
+
 TEST(CommThreads, LaunchGivesEachRankItsOwnMemoryCounters) {
   launch(3, [&](Group world) {
     const int64_t before = memory_stats().live_bytes;

@@ -35,6 +35,19 @@ class NoGradGuard {
 };
 bool grad_enabled();
 
+// Sets gradient recording on or off on this rank while alive (activation
+// checkpointing turns it back on to recompute inside a backward).
+class GradModeGuard {
+ public:
+  explicit GradModeGuard(bool enabled);
+  ~GradModeGuard();
+  GradModeGuard(const GradModeGuard&) = delete;
+  GradModeGuard& operator=(const GradModeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Runs backward from `root`. Without `grad`, root must have one element and gets a
 // gradient of 1. retain_graph keeps saved tensors for another backward.
 void backward(const DistTensor& root, const DistTensor& grad = {}, bool retain_graph = false);

@@ -136,6 +136,8 @@ DistTensor permute(const DistTensor& a, const std::vector<int64_t>& dims);
 // Keeps sharding where the sharded dim maps cleanly (flatten with the sharded dim
 // outermost, split of a sharded dim that stays outermost); otherwise redistributes.
 DistTensor reshape(const DistTensor& a, const Shape& shape);
+// view is reshape: a local piece is copied where its strides cannot express the
+// new shape (a DistTensor view could not alias global storage anyway).
 DistTensor view(const DistTensor& a, const Shape& shape);
 DistTensor flatten(const DistTensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
 DistTensor slice(const DistTensor& a, int64_t dim, int64_t start, int64_t end, int64_t step = 1);

@@ -78,6 +78,8 @@ autograd::Edge edge_of(const DistTensor& t) {
 NoGradGuard::NoGradGuard() : previous_(grad_mode) { grad_mode = false; }
 NoGradGuard::~NoGradGuard() { grad_mode = previous_; }
 bool grad_enabled() { return grad_mode; }
+GradModeGuard::GradModeGuard(bool enabled) : previous_(grad_mode) { grad_mode = enabled; }
+GradModeGuard::~GradModeGuard() { grad_mode = previous_; }
 
 void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook) {
   DT_CHECK_ARG(param.defined() && param.requires_grad() && param.is_leaf(), "register_grad_ready_hook",

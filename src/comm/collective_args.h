@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtensor/comm_backend.h"
+#include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"
 
@@ -33,6 +34,21 @@ inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
 inline void check_root(const Group& group, int root, const char* op) {
   DT_CHECK_ARG(root >= 0 && root < group.size(), op, "root must be in [0, ", group.size(),
                "), got ", root);
+}
+
+// The checks every collective with an input and an output makes; returns the backend.
+inline GroupImpl& check_input_output(const Group& group, const Tensor& input, const Tensor& output,
+                                     const char* op) {
+  GroupImpl& backend = backend_of(group, op);
+  check_tensor(group, input, op, "input");
+  check_tensor(group, output, op, "output");
+  check_same_dtype(input, output, op);
+  return backend;
+}
+
+inline void check_output_shape(const Tensor& output, const Shape& expected, const char* op) {
+  DT_CHECK_ARG(output.shape() == expected, op, "output shape must be ", expected, ", got ",
+               output.shape());
 }
 
 // dst <- src unless they are already the same memory.
@@ -76,6 +92,16 @@ class FinishingWork final : public WorkImpl {
   std::vector<Output> outs_;
   bool finished_ = false;
 };
+
+// Counts the call; on a group of size 1 also does its whole work (a copy) and
+// returns true.
+inline bool record_or_finish_alone(const Group& group, const char* op, const Tensor& input,
+                                   const Tensor& output) {
+  CommDebugMode::record(op, group, static_cast<int64_t>(input.nbytes()));
+  if (group.size() != 1) return false;
+  copy_into(output, input);
+  return true;
+}
 
 inline Work finish(WorkPtr inner, std::vector<Tensor> keep, Output out, bool async) {
   auto work = std::make_shared<FinishingWork>(std::move(inner), std::move(keep),

@@ -15,18 +15,11 @@ using namespace comm;
 Work all_reduce_impl(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
                      bool async) {
   const char* kOp = "all_reduce";
-  comm::GroupImpl& backend = backend_of(group, kOp);
-  check_tensor(group, input, kOp, "input");
-  check_tensor(group, output, kOp, "output");
-  check_same_dtype(input, output, kOp);
+  comm::GroupImpl& backend = check_input_output(group, input, output, kOp);
   DT_CHECK_ARG(input.shape() == output.shape(), kOp, "output shape must equal input shape ",
                input.shape(), ", got ", output.shape());
   comm::check_reduce_supported(input.dtype(), op, kOp);
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
-  if (group.size() == 1) {
-    copy_into(output, input);
-    return Work();
-  }
+  if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = writable(output);
   // In place on a non-contiguous tensor: reduce in place on its contiguous copy.
@@ -38,10 +31,7 @@ Work all_reduce_impl(const Group& group, const Tensor& input, const Tensor& outp
 Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& output, int64_t dim,
                      std::vector<int64_t> sizes, bool async) {
   const char* kOp = "all_gather";
-  comm::GroupImpl& backend = backend_of(group, kOp);
-  check_tensor(group, input, kOp, "input");
-  check_tensor(group, output, kOp, "output");
-  check_same_dtype(input, output, kOp);
+  comm::GroupImpl& backend = check_input_output(group, input, output, kOp);
   const int n = group.size();
   const int d = normalize_dim(dim, std::max<int64_t>(input.dim(), 1), kOp);
   DT_CHECK_ARG(input.dim() >= 1, kOp, "expected a tensor with at least one dim, got a scalar");
@@ -51,13 +41,8 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
   DT_CHECK_ARG(sizes[group.rank()] == input.size(d), kOp, "sizes say rank ", group.rank(), " has ",
                sizes[group.rank()], " along dim ", d, ", its input has ", input.size(d));
   const Shape expected = with_dim(input.shape(), d, sum(sizes));
-  DT_CHECK_ARG(output.shape() == expected, kOp, "output shape must be ", expected, ", got ",
-               output.shape());
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
-  if (n == 1) {
-    copy_into(output, input);
-    return Work();
-  }
+  check_output_shape(output, expected, kOp);
+  if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = writable(output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
@@ -69,10 +54,7 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
 Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
                          int64_t dim, std::vector<int64_t> sizes, bool async) {
   const char* kOp = "reduce_scatter";
-  comm::GroupImpl& backend = backend_of(group, kOp);
-  check_tensor(group, input, kOp, "input");
-  check_tensor(group, output, kOp, "output");
-  check_same_dtype(input, output, kOp);
+  comm::GroupImpl& backend = check_input_output(group, input, output, kOp);
   comm::check_reduce_supported(input.dtype(), op, kOp);
   DT_CHECK_ARG(input.dim() >= 1, kOp, "expected a tensor with at least one dim, got a scalar");
   const int n = group.size();
@@ -82,13 +64,8 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
                "expected ", n, " sizes summing to ", input.size(d), " (input size along dim ", d,
                "), got ", Shape(sizes));
   const Shape expected = with_dim(input.shape(), d, sizes[group.rank()]);
-  DT_CHECK_ARG(output.shape() == expected, kOp, "output shape must be ", expected, ", got ",
-               output.shape());
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
-  if (n == 1) {
-    copy_into(output, input);
-    return Work();
-  }
+  check_output_shape(output, expected, kOp);
+  if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = writable(output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
@@ -110,10 +87,7 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
                      const std::vector<int64_t>& out_splits, const std::vector<int64_t>& in_splits,
                      bool async) {
   const char* kOp = "all_to_all";
-  comm::GroupImpl& backend = backend_of(group, kOp);
-  check_tensor(group, input, kOp, "input");
-  check_tensor(group, output, kOp, "output");
-  check_same_dtype(input, output, kOp);
+  comm::GroupImpl& backend = check_input_output(group, input, output, kOp);
   DT_CHECK_ARG(input.dim() >= 1 && output.dim() == input.dim(), kOp,
                "expected input and output with the same number (>= 1) of dims, got ",
                input.shape(), " and ", output.shape());
@@ -131,11 +105,7 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
   Shape rest_out(output.shape().begin() + 1, output.shape().end());
   DT_CHECK_ARG(rest_in == rest_out, kOp, "input and output must agree after dim 0, got ",
                input.shape(), " and ", output.shape());
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
-  if (n == 1) {
-    copy_into(output, input);
-    return Work();
-  }
+  if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = writable(output);
   const int64_t inner = shape_numel(rest_in);

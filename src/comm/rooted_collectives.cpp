@@ -42,14 +42,9 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
     check_tensor(group, output, kOp, "output");
     check_same_dtype(input, output, kOp);
     const Shape expected = with_dim(input.shape(), 0, sum(sizes));
-    DT_CHECK_ARG(output.shape() == expected, kOp, "output shape must be ", expected, ", got ",
-                 output.shape());
+    check_output_shape(output, expected, kOp);
   }
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
-  if (n == 1) {
-    copy_into(output, input);
-    return Work();
-  }
+  if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = is_root ? writable(output) : Output{};
   WorkPtr w = backend.gather(in.data_ptr(), is_root ? out.buffer.data_ptr() : nullptr,

@@ -44,7 +44,7 @@ StepContext context_for(const DistTensor& t, const redistribution::PlannedStep& 
 // layout, with a Partial source taken as Replicate (the gradient of every partial
 // contribution is the full gradient). So S->R's backward reduce-scatters a Partial
 // gradient (or chunks a Replicate one), R->S's all-gathers, P->R's is free.
-DistTensor record_redistribute(DistTensor out, const DistTensor& source) {
+static DistTensor record_redistribute(DistTensor out, const DistTensor& source) {
   if (!autograd::needs_grad({source})) return out;
   Placements back = source.placements();
   for (Placement& p : back) {
@@ -160,6 +160,8 @@ std::string RedistributeStep::to_string() const {
   os << ": " << placements_to_string(before) << " -> " << placements_to_string(after);
   if (collective.empty()) {
     os << ", local";
+  } else if (collective_calls == 0) {
+    os << ", nothing to send from this rank";
   } else {
     os << ", " << collective_calls << " " << collective << ", sends " << format_bytes(bytes_sent);
   }

@@ -68,7 +68,7 @@ class Signal {
   }
 
  private:
-  static constexpr auto kSpinTime = std::chrono::microseconds(20);
+  static constexpr auto kSpinTime = std::chrono::microseconds(200);
   static constexpr auto kYieldTime = std::chrono::microseconds(500);
   std::atomic<int> sleepers_{0};
   std::mutex mutex_;

@@ -2,6 +2,7 @@
 #include "comm/threads/threads_group.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 
 #include "comm/threads/algorithms.h"
@@ -330,6 +331,20 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
 // ---- ThreadsGroup: collectives ---------------------------------------------------------
 
 namespace {
+// DTENSOR_THREADS_ALL_REDUCE=direct|chunked forces one algorithm (to measure the
+// switch point); anything else, or unset, chooses by size.
+enum class AllReduceChoice { BySize, Direct, Chunked };
+AllReduceChoice all_reduce_choice() {
+  static const AllReduceChoice choice = [] {
+    const char* env = std::getenv("DTENSOR_THREADS_ALL_REDUCE");
+    const std::string value = env ? env : "";
+    if (value == "direct") return AllReduceChoice::Direct;
+    if (value == "chunked") return AllReduceChoice::Chunked;
+    return AllReduceChoice::BySize;
+  }();
+  return choice;
+}
+
 std::shared_ptr<CallDesc> make_desc(CallKind kind, DType dtype, const void* in, void* out) {
   auto d = std::make_shared<CallDesc>();
   d->kind = kind;
@@ -346,7 +361,10 @@ WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType
   d->count = count;
   d->op = op;
   // Same choice on every rank: it depends only on arguments checked to match.
-  const bool chunked = count * static_cast<int64_t>(dtype_size(dtype)) >= kAllReduceChunkedMinBytes;
+  const AllReduceChoice choice = all_reduce_choice();
+  const bool chunked = choice == AllReduceChoice::BySize
+                           ? count * static_cast<int64_t>(dtype_size(dtype)) >= kAllReduceChunkedMinBytes
+                           : choice == AllReduceChoice::Chunked;
   return run(d, async, chunked ? all_reduce_chunked : all_reduce_direct);
 }
 

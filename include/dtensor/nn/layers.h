@@ -1,0 +1,151 @@
+// The building blocks of a transformer: Linear, Embedding, LayerNorm, RMSNorm,
+// Dropout, MLP (GELU or SwiGLU), causal multi-head SelfAttention, TransformerBlock.
+//
+// Every layer is created on a DeviceMesh with replicated parameters and a seed; the
+// values do not depend on the mesh. Inputs may be sharded any way the ops accept
+// (data parallel: the batch dim sharded).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "dtensor/nn/module.h"
+
+namespace dtensor::nn {
+
+// The dtype layers compute in while alive (mixed precision): parameters stay in
+// their own dtype (the FP32 master weights) and are cast on use; activations
+// follow. Outside any scope layers compute in their parameters' dtype.
+class ComputeDtype {
+ public:
+  explicit ComputeDtype(DType dtype);
+  ~ComputeDtype();
+  ComputeDtype(const ComputeDtype&) = delete;
+  ComputeDtype& operator=(const ComputeDtype&) = delete;
+  // The active compute dtype, if any.
+  static std::optional<DType> current();
+
+ private:
+  std::optional<DType> previous_;
+};
+// `p` cast to the active compute dtype (differentiable), or `p` itself.
+DistTensor for_compute(const DistTensor& p);
+
+class Linear : public Module {
+ public:
+  // weight [out, in] ~ N(0, init_std), bias zeros.
+  Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias, uint64_t seed,
+         double init_std = 0.02);
+  DistTensor forward(const DistTensor& x) override;
+  DistTensor& weight() { return *weight_; }
+
+ private:
+  DistTensor* weight_;
+  DistTensor* bias_ = nullptr;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, uint64_t seed, double init_std = 0.02);
+  // ids: integer DistTensor of any shape -> [..., dim]
+  DistTensor forward(const DistTensor& ids) override;
+  DistTensor& weight() { return *weight_; }
+
+ private:
+  DistTensor* weight_;
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps = 1e-5, bool bias = true);
+  DistTensor forward(const DistTensor& x) override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  DistTensor* weight_;
+  DistTensor* bias_ = nullptr;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps = 1e-6);
+  DistTensor forward(const DistTensor& x) override;
+
+ private:
+  int64_t dim_;
+  double eps_;
+  DistTensor* weight_;
+};
+
+// A fresh mask on every call (seeded by the module's seed and call count, the same
+// on every rank); identity in eval mode or with p = 0.
+class Dropout : public Module {
+ public:
+  Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {}
+  DistTensor forward(const DistTensor& x) override;
+  // How many masks were drawn; activation checkpointing rewinds it so that the
+  // recomputation draws the same masks.
+  uint64_t calls() const { return calls_; }
+  void set_calls(uint64_t calls) { calls_ = calls; }
+
+ private:
+  double p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
+};
+
+enum class Activation : uint8_t { Gelu, SwiGlu };
+
+// GELU: fc2(gelu(fc1 x)). SwiGLU: down(silu(gate x) * up x).
+class MLP : public Module {
+ public:
+  MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, Activation activation, bool bias, uint64_t seed,
+      double out_init_std);
+  DistTensor forward(const DistTensor& x) override;
+
+ private:
+  Activation activation_;
+  std::shared_ptr<Linear> up_, gate_, down_;
+};
+
+// Causal multi-head self-attention on [B, T, D] with separate q, k, v projections
+// (each a column-parallel candidate for tensor parallelism) and an output
+// projection.
+class SelfAttention : public Module {
+ public:
+  SelfAttention(const DeviceMesh& mesh, int64_t dim, int64_t heads, bool bias, double dropout, uint64_t seed,
+                double out_init_std);
+  DistTensor forward(const DistTensor& x) override;
+
+ private:
+  int64_t dim_, heads_;
+  std::shared_ptr<Linear> q_, k_, v_, out_;
+  std::shared_ptr<Dropout> dropout_;
+};
+
+struct BlockConfig {
+  int64_t dim = 64;
+  int64_t heads = 4;
+  int64_t mlp_hidden = 256;
+  Activation activation = Activation::Gelu;
+  bool rms_norm = false;
+  bool bias = true;
+  double dropout = 0.0;
+  int64_t layers = 2;  // for the residual-projection init scale
+};
+
+// Pre-norm block: x + attn(norm1 x), then x + mlp(norm2 x).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const DeviceMesh& mesh, const BlockConfig& config, uint64_t seed);
+  DistTensor forward(const DistTensor& x) override;
+
+ private:
+  std::shared_ptr<Module> norm1_, norm2_;
+  std::shared_ptr<SelfAttention> attn_;
+  std::shared_ptr<MLP> mlp_;
+  std::shared_ptr<Dropout> residual_dropout_;
+};
+
+}  // namespace dtensor::nn

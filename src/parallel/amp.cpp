@@ -1,0 +1,46 @@
+// Dynamic loss scaling.
+#include <algorithm>
+#include <cmath>
+
+#include "dtensor/amp.h"
+#include "dtensor/ops.h"
+
+namespace dtensor {
+
+DistTensor LossScaler::scale(const DistTensor& loss) const { return mul(loss, scale_); }
+
+bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params) {
+  bool local_inf = false;
+  const DeviceMesh* mesh = nullptr;
+  for (const DistTensor& p : params) {
+    const DistTensor g = p.grad();
+    if (!g.defined()) continue;
+    mesh = &p.mesh();
+    Tensor local = g.to_local();
+    local.copy_(mul(local, 1.0 / scale_));
+    // A NaN or an infinity anywhere makes the sum non-finite.
+    const double total = sum(abs(local.to(DType::F64))).item<double>();
+    local_inf |= !std::isfinite(total);
+  }
+  found_inf_ = local_inf;
+  if (mesh) {
+    Tensor flag = Tensor::full({1}, local_inf ? 1.0 : 0.0);
+    all_reduce_(mesh->group(), flag, ReduceOp::Max);
+    found_inf_ = flag.item<float>() > 0;
+  }
+  return !found_inf_;
+}
+
+void LossScaler::update() {
+  if (found_inf_) {
+    scale_ = std::max(options_.min_scale, scale_ * options_.backoff_factor);
+    clean_steps_ = 0;
+    ++skipped_;
+  } else if (++clean_steps_ >= options_.growth_interval) {
+    scale_ *= options_.growth_factor;
+    clean_steps_ = 0;
+  }
+  found_inf_ = false;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,145 @@
+// DDP buckets, hooks and the overlapped all-reduces.
+#include "dtensor/parallel/ddp.h"
+
+#include "dtensor/autograd.h"
+#include "dtensor/tensor_ops.h"
+#include "dtensor/trace.h"
+
+namespace dtensor::parallel {
+
+struct DistributedDataParallel::State {
+  struct Bucket {
+    std::vector<size_t> params;  // indices into `params`
+    size_t ready = 0;
+    bool launched = false;
+    Tensor buffer;               // packed local gradients in flight
+    std::vector<size_t> packed;  // params whose gradients are in `buffer`
+    Work work;
+  };
+  std::vector<DistTensor> params;
+  std::vector<size_t> bucket_of;
+  std::vector<bool> ready;
+  std::vector<Bucket> buckets;
+  int dp_dim = 0;
+  size_t outstanding = 0;  // gradients not yet ready in this backward
+};
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions options)
+    : module_(module), options_(std::move(options)), state_(std::make_shared<State>()) {
+  state_->params = module_.parameters();
+  DT_CHECK_ARG(!state_->params.empty(), "DistributedDataParallel", "the module has no parameters");
+  const DeviceMesh& mesh = state_->params[0].mesh();
+  state_->dp_dim = options_.dp_dim.empty() ? 0 : mesh.dim_index(options_.dp_dim);
+  for (const DistTensor& p : state_->params) {
+    DT_CHECK_ARG(p.mesh() == mesh, "DistributedDataParallel", "parameters live on different meshes");
+    DT_CHECK_ARG(p.placements()[state_->dp_dim].is_replicate(), "DistributedDataParallel",
+                 "expected parameters replicated over the data-parallel dim, got ",
+                 placements_to_string(p.placements()));
+  }
+  // Buckets in reverse registration order: backward produces the last layers'
+  // gradients first.
+  const double cap = options_.bucket_cap_mb * 1024 * 1024;
+  state_->bucket_of.resize(state_->params.size());
+  double filled = cap;
+  for (size_t k = state_->params.size(); k-- > 0;) {
+    const double bytes = static_cast<double>(state_->params[k].to_local().nbytes());
+    if (filled + bytes > cap && !(state_->buckets.size() && state_->buckets.back().params.empty())) {
+      state_->buckets.emplace_back();
+      filled = 0;
+    }
+    state_->buckets.back().params.push_back(k);
+    state_->bucket_of[k] = state_->buckets.size() - 1;
+    filled += bytes;
+  }
+  stats_.buckets = static_cast<int64_t>(state_->buckets.size());
+  state_->ready.assign(state_->params.size(), false);
+  state_->outstanding = state_->params.size();
+  std::weak_ptr<State> weak = state_;
+  for (size_t k = 0; k < state_->params.size(); ++k) {
+    register_grad_ready_hook(state_->params[k], [this, weak, k](const DistTensor&) {
+      if (weak.lock()) on_gradient_ready(k);
+    });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  // Hooks hold a weak reference and do nothing once the state is gone.
+  state_.reset();
+}
+
+int64_t DistributedDataParallel::num_buckets() const { return static_cast<int64_t>(state_->buckets.size()); }
+
+void DistributedDataParallel::on_gradient_ready(size_t k) {
+  if (!sync_ || state_->ready[k]) return;
+  state_->ready[k] = true;
+  --state_->outstanding;
+  State::Bucket& bucket = state_->buckets[state_->bucket_of[k]];
+  if (++bucket.ready == bucket.params.size()) launch(state_->bucket_of[k]);
+}
+
+void DistributedDataParallel::launch(size_t b) {
+  State::Bucket& bucket = state_->buckets[b];
+  bucket.launched = true;
+  const int dp = state_->dp_dim;
+  // Only Partial gradients need the reduction; a Replicate one is already whole.
+  int64_t total = 0;
+  bucket.packed.clear();
+  for (size_t k : bucket.params) {
+    const DistTensor g = state_->params[k].grad();
+    if (g.defined() && g.placements()[dp].is_partial()) {
+      bucket.packed.push_back(k);
+      total += g.to_local().numel();
+    }
+  }
+  if (bucket.packed.empty()) return;
+  const DType dtype = state_->params[bucket.packed[0]].grad().dtype();
+  bucket.buffer = Tensor::empty({total}, dtype);
+  int64_t offset = 0;
+  for (size_t k : bucket.packed) {
+    const Tensor& local = state_->params[k].grad().to_local();
+    bucket.buffer.narrow(0, offset, local.numel()).view(local.shape()).copy_(local);
+    offset += local.numel();
+  }
+  TraceSpan span("ddp_all_reduce_launch", "comm");
+  const Group& group = state_->params[0].mesh().group(dp);
+  bucket.work = all_reduce_async(group, bucket.buffer, bucket.buffer, ReduceOp::Sum);
+  ++stats_.all_reduces;
+  if (state_->outstanding > 0) ++stats_.launched_during_backward;
+}
+
+void DistributedDataParallel::wait_for_gradients() {
+  const int dp = state_->dp_dim;
+  const DeviceMesh& mesh = state_->params[0].mesh();
+  const double scale = options_.average_gradients ? 1.0 / static_cast<double>(mesh.size(dp)) : 1.0;
+  for (size_t b = 0; b < state_->buckets.size(); ++b) {
+    State::Bucket& bucket = state_->buckets[b];
+    // Gradients that never arrived (unused parameters) are the same on every rank,
+    // so every rank launches the same late buckets in the same order.
+    if (!bucket.launched) launch(b);
+    if (bucket.packed.empty()) continue;
+    TraceSpan span("ddp_all_reduce_wait", "comm");
+    bucket.work.wait();
+    int64_t offset = 0;
+    for (size_t k : bucket.packed) {
+      const DistTensor& p = state_->params[k];
+      const DistTensor g = p.grad();
+      Tensor reduced = bucket.buffer.narrow(0, offset, g.to_local().numel()).view(g.to_local().shape()).clone();
+      if (scale != 1.0) reduced = mul(reduced, scale);
+      Placements placements = g.placements();
+      placements[dp] = Replicate();
+      p.set_grad(DistTensor::from_local(reduced, mesh, placements, g.shape()));
+      offset += g.to_local().numel();
+    }
+  }
+  for (State::Bucket& bucket : state_->buckets) {
+    bucket.ready = 0;
+    bucket.launched = false;
+    bucket.buffer = Tensor();
+    bucket.packed.clear();
+    bucket.work = Work();
+  }
+  state_->ready.assign(state_->params.size(), false);
+  state_->outstanding = state_->params.size();
+}
+
+}  // namespace dtensor::parallel

@@ -1,0 +1,265 @@
+// Progress lines, the run summary, and the loss curve as CSV and SVG.
+#include "dtensor/train_log.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "dtensor/error.h"
+
+namespace dtensor {
+
+namespace {
+
+std::string printf_string(const char* format, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), format, value);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (std::fabs(value) >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return std::to_string(bytes) + " B";
+  return printf_string(value < 10 ? "%.2f" : "%.1f", value) + " " + units[unit];
+}
+
+std::string format_count(double value) {
+  if (!std::isfinite(value)) return "-";
+  if (value >= 1e9) return printf_string("%.2fG", value / 1e9);
+  if (value >= 1e6) return printf_string("%.2fM", value / 1e6);
+  if (value >= 1e3) return printf_string("%.1fk", value / 1e3);
+  return printf_string("%.0f", value);
+}
+
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  if (!(hi > lo)) {  // a single value: one tick around it
+    const double pad = lo == 0 ? 1 : std::fabs(lo) * 0.1;
+    lo -= pad;
+    hi += pad;
+  }
+  const double raw = (hi - lo) / std::max(1, target);
+  const int exponent = static_cast<int>(std::floor(std::log10(raw)));
+  const double magnitude = std::pow(10.0, exponent);
+  double multiple = 1;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    multiple = m;
+    if (m * magnitude >= raw) break;
+  }
+  // Tick k is k * multiple * 10^exponent; for negative exponents dividing by 10^-exponent
+  // keeps labels exact (0.6, not 0.6000000000000001).
+  const double scale = std::pow(10.0, std::abs(exponent));
+  auto tick = [&](int64_t k) {
+    const double units = static_cast<double>(k) * multiple;
+    return exponent < 0 ? units / scale : units * scale;
+  };
+  const double step = multiple * magnitude;
+  std::vector<double> ticks;
+  for (auto k = static_cast<int64_t>(std::ceil(lo / step - 1e-9)); tick(k) <= hi + step * 1e-9; ++k) {
+    ticks.push_back(tick(k));
+  }
+  return ticks;
+}
+
+TrainLog::TrainLog(int64_t total_steps, Mode mode, std::FILE* out)
+    : total_steps_(total_steps), out_(out) {
+  DT_CHECK_ARG(total_steps >= 0, "TrainLog", "expected total_steps >= 0, got ", total_steps);
+  DT_CHECK_ARG(out != nullptr, "TrainLog", "expected an output stream, got null");
+  terminal_ = mode == Mode::Terminal || (mode == Mode::Auto && ::isatty(::fileno(out)) == 1);
+}
+
+std::string TrainLog::format_line(const StepStats& s) const {
+  const int width = static_cast<int>(std::to_string(total_steps_).size());
+  std::ostringstream os;
+  char head[64];
+  std::snprintf(head, sizeof(head), "step %*lld/%lld", width, static_cast<long long>(s.step + 1),
+                static_cast<long long>(total_steps_));
+  os << head << " | loss " << printf_string("%.4f", s.loss);
+  if (s.lr) os << " | lr " << printf_string("%.2e", *s.lr);
+  os << " | " << format_count(s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : NAN)
+     << " tok/s | " << printf_string("%.1f", s.seconds * 1e3) << " ms";
+  if (!s.peak_memory_bytes.empty()) {
+    os << " | peak mem";
+    for (size_t r = 0; r < s.peak_memory_bytes.size(); ++r) {
+      os << (r ? ", r" : " r") << r << " " << format_bytes(s.peak_memory_bytes[r]);
+    }
+  }
+  return os.str();
+}
+
+void TrainLog::step(const StepStats& stats) {
+  history_.push_back(stats);
+  const std::string line = format_line(stats);
+  if (terminal_) {
+    // Carriage return + erase line: the new line replaces the old one in place.
+    std::fprintf(out_, "\r\033[2K%s", line.c_str());
+    line_open_ = true;
+  } else {
+    std::fprintf(out_, "%s\n", line.c_str());
+  }
+  std::fflush(out_);
+}
+
+std::string TrainLog::summary() const {
+  if (history_.empty()) return "no steps were run";
+  double seconds = 0;
+  int64_t tokens = 0;
+  size_t best = 0;
+  for (size_t i = 0; i < history_.size(); ++i) {
+    seconds += history_[i].seconds;
+    tokens += history_[i].tokens;
+    if (history_[i].loss < history_[best].loss) best = i;
+  }
+  std::ostringstream os;
+  os << "done: " << history_.size() << " steps in " << printf_string("%.2f", seconds) << " s | loss "
+     << printf_string("%.4f", history_.front().loss) << " -> " << printf_string("%.4f", history_.back().loss)
+     << " (best " << printf_string("%.4f", history_[best].loss) << " at step " << history_[best].step + 1
+     << ") | " << format_count(seconds > 0 ? static_cast<double>(tokens) / seconds : NAN) << " tok/s";
+  // Peak memory per rank over the whole run.
+  std::vector<int64_t> peaks;
+  for (const StepStats& s : history_) {
+    if (peaks.size() < s.peak_memory_bytes.size()) peaks.resize(s.peak_memory_bytes.size(), 0);
+    for (size_t r = 0; r < s.peak_memory_bytes.size(); ++r) peaks[r] = std::max(peaks[r], s.peak_memory_bytes[r]);
+  }
+  if (!peaks.empty()) {
+    os << " | peak mem";
+    for (size_t r = 0; r < peaks.size(); ++r) os << (r ? ", r" : " r") << r << " " << format_bytes(peaks[r]);
+  }
+  return os.str();
+}
+
+std::string TrainLog::finish() {
+  const std::string text = summary();
+  if (line_open_) std::fputc('\n', out_);
+  line_open_ = false;
+  std::fprintf(out_, "%s\n", text.c_str());
+  std::fflush(out_);
+  return text;
+}
+
+void TrainLog::write_csv(const std::string& path) const {
+  std::ofstream out(path);
+  DT_CHECK_ARG(out.good(), "TrainLog", "cannot write loss curve file \"", path, "\"");
+  out << "step,loss\n";
+  out.precision(9);
+  for (const StepStats& s : history_) out << s.step + 1 << "," << s.loss << "\n";
+  out.close();
+  DT_CHECK_ARG(!out.fail(), "TrainLog", "error writing loss curve file \"", path, "\"");
+}
+
+namespace {
+
+std::string tick_label(double v) {
+  const double a = std::fabs(v);
+  if (v == 0) return "0";
+  if (a >= 1e5 || a < 1e-3) return printf_string("%.1e", v);
+  if (std::floor(v) == v) return printf_string("%.0f", v);
+  return printf_string(a >= 10 ? "%.1f" : "%.2f", v);
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void TrainLog::write_svg(const std::string& path, const std::string& title) const {
+  constexpr double kWidth = 640, kHeight = 400;
+  constexpr double kLeft = 70, kRight = 20, kTop = 40, kBottom = 55;
+  const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
+  // Data range, widened to the outermost ticks so the curve sits inside the axes.
+  double x_lo = 1, x_hi = 1, y_lo = 0, y_hi = 1;
+  bool first = true;
+  for (const StepStats& s : history_) {
+    if (!std::isfinite(s.loss)) continue;
+    const double x = static_cast<double>(s.step + 1);
+    x_lo = first ? x : std::min(x_lo, x);
+    x_hi = first ? x : std::max(x_hi, x);
+    y_lo = first ? s.loss : std::min(y_lo, s.loss);
+    y_hi = first ? s.loss : std::max(y_hi, s.loss);
+    first = false;
+  }
+  const std::vector<double> x_ticks = nice_ticks(x_lo, x_hi, 6);
+  const std::vector<double> y_ticks = nice_ticks(y_lo, y_hi, 5);
+  x_lo = std::min(x_lo, x_ticks.front());
+  x_hi = std::max(x_hi, x_ticks.back());
+  y_lo = std::min(y_lo, y_ticks.front());
+  y_hi = std::max(y_hi, y_ticks.back());
+  if (x_hi == x_lo) x_hi = x_lo + 1;
+  if (y_hi == y_lo) y_hi = y_lo + 1;
+  auto px = [&](double x) { return kLeft + (x - x_lo) / (x_hi - x_lo) * plot_w; };
+  auto py = [&](double y) { return kTop + (1 - (y - y_lo) / (y_hi - y_lo)) * plot_h; };
+
+  std::ostringstream os;
+  os.precision(6);
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
+     << "\" viewBox=\"0 0 " << kWidth << " " << kHeight << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+     << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">"
+     << xml_escape(title) << "</text>\n";
+  // Grid lines and tick labels.
+  for (double t : x_ticks) {
+    os << "<line x1=\"" << px(t) << "\" y1=\"" << kTop << "\" x2=\"" << px(t) << "\" y2=\"" << kTop + plot_h
+       << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << px(t) << "\" y=\"" << kTop + plot_h + 18
+       << "\" text-anchor=\"middle\">" << tick_label(t) << "</text>\n";
+  }
+  for (double t : y_ticks) {
+    os << "<line x1=\"" << kLeft << "\" y1=\"" << py(t) << "\" x2=\"" << kLeft + plot_w << "\" y2=\"" << py(t)
+       << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << kLeft - 8 << "\" y=\"" << py(t) + 4
+       << "\" text-anchor=\"end\">" << tick_label(t) << "</text>\n";
+  }
+  // Axes and their labels.
+  os << "<line x1=\"" << kLeft << "\" y1=\"" << kTop + plot_h << "\" x2=\"" << kLeft + plot_w << "\" y2=\""
+     << kTop + plot_h << "\" stroke=\"black\"/>\n"
+     << "<line x1=\"" << kLeft << "\" y1=\"" << kTop << "\" x2=\"" << kLeft << "\" y2=\"" << kTop + plot_h
+     << "\" stroke=\"black\"/>\n"
+     << "<text x=\"" << kLeft + plot_w / 2 << "\" y=\"" << kHeight - 12 << "\" text-anchor=\"middle\">step</text>\n"
+     << "<text x=\"18\" y=\"" << kTop + plot_h / 2 << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 "
+     << kTop + plot_h / 2 << ")\">loss</text>\n";
+  os << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
+  bool any = false;
+  for (const StepStats& s : history_) {
+    if (!std::isfinite(s.loss)) continue;  // a skipped (overflowed) step leaves a gap in value only
+    os << (any ? " " : "") << px(static_cast<double>(s.step + 1)) << "," << py(s.loss);
+    any = true;
+  }
+  os << "\"/>\n</svg>\n";
+
+  std::ofstream out(path);
+  DT_CHECK_ARG(out.good(), "TrainLog", "cannot write loss chart \"", path, "\"");
+  out << os.str();
+  out.close();
+  DT_CHECK_ARG(!out.fail(), "TrainLog", "error writing loss chart \"", path, "\"");
+}
+
+std::string TrainLog::write_loss_curve(const std::string& csv_path, const std::string& title) const {
+  write_csv(csv_path);
+  const size_t slash = csv_path.find_last_of('/');
+  const size_t dot = csv_path.find_last_of('.');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string svg_path = (has_extension ? csv_path.substr(0, dot) : csv_path) + ".svg";
+  write_svg(svg_path, title);
+  return svg_path;
+}
+
+}  // namespace dtensor

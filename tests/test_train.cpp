@@ -1,0 +1,216 @@
+// Training: parallel equivalence of data-parallel GPT training with one rank, DDP's
+// all-reduce count and overlap, gradient accumulation, activation checkpointing and
+// loss scaling.
+#include "dtensor/amp.h"
+#include "dtensor/data.h"
+#include "dtensor/nn/checkpoint.h"
+#include "dtensor/nn/gpt.h"
+#include "dtensor/optim.h"
+#include "dtensor/parallel/ddp.h"
+#include "test_helpers.h"
+
+using namespace dtensor;
+
+namespace {
+
+nn::GPTConfig tiny() {
+  nn::GPTConfig c;
+  c.vocab = 16;
+  c.block_size = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 16;
+  // No biases: the key projection's bias has an exactly zero gradient (softmax is
+  // shift-invariant), so its rounding noise, normalised by AdamW, would decide its
+  // value differently on every layout.
+  c.bias = false;
+  return c;
+}
+
+// Two linear layers; with a sum loss its backward needs no communication of its own.
+class TwoLayers : public nn::Module {
+ public:
+  explicit TwoLayers(const DeviceMesh& mesh) {
+    first_ = register_module("first", std::make_shared<nn::Linear>(mesh, 8, 16, true, 1));
+    second_ = register_module("second", std::make_shared<nn::Linear>(mesh, 16, 4, true, 2));
+  }
+  DistTensor forward(const DistTensor& x) override { return (*second_)(relu((*first_)(x))); }
+
+ private:
+  std::shared_ptr<nn::Linear> first_, second_;
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> params;
+};
+
+// `steps` steps of AdamW on the synthetic task with a global batch of 8 sequences,
+// data parallel over `world` ranks, `accum` micro-batches per step.
+RunResult train(int world, int accum, int steps, DType compute = DType::F32, bool checkpoint = false) {
+  RunResult result;
+  const nn::GPTConfig config = [&] {
+    nn::GPTConfig c = tiny();
+    c.checkpoint_activations = checkpoint;
+    return c;
+  }();
+  const int64_t global_batch = 8;
+  launch(world, [&](Group g) {
+    DeviceMesh mesh(g, {world}, {"dp"});
+    SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
+    DistributedSampler sampler(data.size(), global_batch, mesh.coordinate(0), world, 5, true, accum);
+    nn::GPT model(mesh, config, 42);
+    parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = 0.001});
+    AdamW optimizer(model.parameters(), 1e-2);
+    std::vector<double> losses;
+    for (int step = 0; step < steps; ++step) {
+      double step_loss = 0;
+      for (int micro = 0; micro < accum; ++micro) {
+        const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
+        const Shape global{global_batch / accum, config.block_size};
+        const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, global);
+        const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, global);
+        std::optional<nn::ComputeDtype> precision;
+        if (compute != DType::F32) precision.emplace(compute);
+        const DistTensor loss = div(model.loss(ids, targets), static_cast<double>(accum));
+        if (micro + 1 < accum) {
+          auto no_sync = ddp.no_sync();
+          loss.backward();
+        } else {
+          loss.backward();
+        }
+        step_loss += loss.full_tensor().item<double>();
+      }
+      ddp.wait_for_gradients();
+      optimizer.step();
+      optimizer.zero_grad();
+      losses.push_back(step_loss);
+    }
+    const auto params = model.state_dict();
+    if (g.rank() == 0) {
+      result.losses = losses;
+      result.params = params;
+    }
+  });
+  return result;
+}
+
+void expect_same_training(const RunResult& a, const RunResult& b, double rtol, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], b.losses[i], rtol * std::fabs(b.losses[i])) << what << " step " << i;
+  }
+  for (const auto& [name, t] : b.params) {
+    ASSERT_TRUE(a.params.count(name)) << name;
+    EXPECT_TRUE(allclose(a.params.at(name), t, rtol, 1e-6))
+        << what << " parameter " << name << ": " << compare(a.params.at(name), t, rtol, 1e-6).to_string();
+  }
+}
+
+}  // namespace
+
+TEST(Train, DataParallelMatchesOneRank) {
+  const RunResult one = train(1, 1, 10);
+  ASSERT_LT(one.losses.back(), one.losses.front()) << "the loss should fall";
+  expect_same_training(train(2, 1, 10), one, 1e-5, "DP=2");
+  expect_same_training(train(4, 1, 10), one, 1e-5, "DP=4");
+  expect_same_training(train(2, 2, 10), one, 1e-5, "DP=2 with 2 accumulation steps");
+}
+
+TEST(Train, Bf16TracksF32) {
+  const RunResult f32 = train(1, 1, 10);
+  const RunResult bf16 = train(2, 1, 10, DType::BF16);
+  for (size_t i = 0; i < f32.losses.size(); ++i) {
+    // BF16 keeps 8 bits of mantissa: losses within 5% of the F32 curve.
+    EXPECT_NEAR(bf16.losses[i], f32.losses[i], 0.05 * f32.losses[i]) << "step " << i;
+  }
+}
+
+TEST(Train, CheckpointedActivationsGiveTheSameTraining) {
+  expect_same_training(train(2, 1, 3, DType::F32, true), train(2, 1, 3), 1e-5, "checkpointed");
+}
+
+TEST(Train, CheckpointingLowersPeakMemory) {
+  auto peak_of_backward = [](bool checkpoint) {
+    int64_t peak = 0;
+    launch(1, [&](Group g) {
+      DeviceMesh mesh(g, {1});
+      nn::GPTConfig c = tiny();
+      c.layers = 4;
+      c.block_size = 64;
+      c.dim = 64;
+      c.checkpoint_activations = checkpoint;
+      nn::GPT model(mesh, c, 1);
+      SyntheticLanguage data(c.vocab, c.block_size, 16, 3);
+      const TokenBatch batch = data.get_batch({0, 1, 2, 3, 4, 5, 6, 7});
+      const DistTensor ids = distribute(batch.inputs, mesh, {Replicate()});
+      const DistTensor targets = distribute(batch.targets, mesh, {Replicate()});
+      reset_peak_memory();
+      const int64_t before = memory_stats().live_bytes;
+      model.loss(ids, targets).backward();
+      peak = memory_stats().peak_bytes - before;
+    });
+    return peak;
+  };
+  const int64_t full = peak_of_backward(false), checkpointed = peak_of_backward(true);
+  EXPECT_LT(checkpointed, full) << "checkpointed peak " << checkpointed << " vs " << full;
+}
+
+TEST(Train, DdpAllReducesOncePerBucketAndOverlapsBackward) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"dp"});
+    TwoLayers model(mesh);
+    // Gradients of 16, 256, 64 and 512 bytes (in backward order) under a 300-byte
+    // cap: buckets {second.bias, second.weight}, {first.bias}, {first.weight}.
+    parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = 300.0 / (1 << 20)});
+    ASSERT_EQ(ddp.num_buckets(), 3);
+    const Tensor x = Tensor::randn({6, 8}, 1);
+    const DistTensor xs = distribute(x, mesh, {Shard(0)});
+    const DistTensor loss = sum(model(xs));
+    CommDebugMode comm;
+    loss.backward();
+    ddp.wait_for_gradients();
+    EXPECT_EQ(comm.count("all_reduce"), ddp.num_buckets()) << comm.to_string();
+    EXPECT_EQ(comm.total_count(), ddp.num_buckets()) << comm.to_string();
+    EXPECT_EQ(ddp.stats().all_reduces, ddp.num_buckets());
+    // The first buckets started while backward still had gradients to produce.
+    EXPECT_GE(ddp.stats().launched_during_backward, 1);
+    // And the reduced gradients are those of the full batch on one rank.
+    const auto grads = model.named_parameters();
+    launch(1, [&](Group one) {
+      DeviceMesh single(one, {1});
+      TwoLayers reference(single);
+      sum(reference(distribute(x, single, {Replicate()}))).backward();
+      const auto expected = reference.named_parameters();
+      for (size_t i = 0; i < expected.size(); ++i) {
+        EXPECT_TRUE(allclose(grads[i].second.grad().to_local(), expected[i].second.grad().to_local(), 1e-5, 1e-6))
+            << expected[i].first;
+      }
+    });
+    for (const DistTensor& p : model.parameters()) EXPECT_TRUE(p.grad().placements()[0].is_replicate());
+  });
+}
+
+TEST(Train, LossScalingSkipsTheStepOnEveryRankWhenOneOverflows) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    DistTensor w = distribute(Tensor::ones({4}), mesh, {Replicate()}).set_requires_grad();
+    LossScaler scaler({.initial_scale = 1024, .growth_interval = 1});
+    scaler.scale(sum(mul(w, 3.0))).backward();
+    // Rank 1 gets an infinite gradient (an overflow in its half of the batch).
+    if (g.rank() == 1) {
+      Tensor local = w.grad().to_local();
+      local.fill_(INFINITY);
+    }
+    EXPECT_FALSE(scaler.unscale_and_check({w}));
+    scaler.update();
+    EXPECT_EQ(scaler.scale_value(), 512);
+    EXPECT_EQ(scaler.skipped_steps(), 1);
+    w.zero_grad();
+    scaler.scale(sum(mul(w, 3.0))).backward();
+    EXPECT_TRUE(scaler.unscale_and_check({w}));
+    EXPECT_TRUE(allclose(w.grad().to_local(), Tensor::full({4}, 3.0), 1e-6, 0));
+    scaler.update();
+    EXPECT_EQ(scaler.scale_value(), 1024);  // grows after growth_interval clean steps
+  });
+}
