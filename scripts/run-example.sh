@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The main example: installs what is missing, builds, runs it. Arguments go to the
-# example.
+# The main example, data-parallel GPT training (examples/train_gpt.cpp): installs
+# what is missing, builds, runs it. Arguments go to the example (--help lists them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
-./build/examples/quickstart "$@"
+./build/examples/train_gpt "$@"

@@ -128,6 +128,8 @@ TEST(Train, Bf16TracksF32) {
 
 TEST(Train, CheckpointedActivationsGiveTheSameTraining) {
   expect_same_training(train(2, 1, 3, DType::F32, true), train(2, 1, 3), 1e-5, "checkpointed");
+  // The recomputation in backward runs in the forward's compute dtype.
+  expect_same_training(train(2, 1, 3, DType::BF16, true), train(2, 1, 3, DType::BF16), 1e-5, "checkpointed bf16");
 }
 
 TEST(Train, CheckpointingLowersPeakMemory) {

@@ -24,6 +24,8 @@ DistTensor checkpoint(Module& module, const DistTensor& x) {
   if (!autograd::needs_grad(inputs)) return module(x);
 
   const auto rng = dropout_state(module);
+  // The recomputation runs in backward, outside the caller's mixed-precision scope.
+  const std::optional<DType> compute = ComputeDtype::current();
   DistTensor out;
   {
     NoGradGuard no_grad;  // nothing inside the module is saved
@@ -33,7 +35,7 @@ DistTensor checkpoint(Module& module, const DistTensor& x) {
   const bool x_needs_grad = x.requires_grad();
   const size_t num_params = inputs.size() - 1;
   std::vector<DistTensor> outs{out};
-  autograd::record("checkpoint", inputs, outs, [&module, saved_x, x_needs_grad, rng, num_params](
+  autograd::record("checkpoint", inputs, outs, [&module, saved_x, x_needs_grad, rng, num_params, compute](
                                                    const std::vector<DistTensor>& g) {
     for (const auto& [dropout, calls] : rng) dropout->set_calls(calls);
     DistTensor x_again = saved_x.detach();
@@ -41,6 +43,8 @@ DistTensor checkpoint(Module& module, const DistTensor& x) {
     // Recompute with recording on, then run the inner backward: the parameters'
     // gradients accumulate (and their hooks fire) there.
     GradModeGuard recording(true);
+    std::optional<ComputeDtype> precision;
+    if (compute) precision.emplace(*compute);
     DistTensor y = module(x_again);
     backward(y, g[0]);
     std::vector<DistTensor> grads{x_needs_grad ? x_again.grad() : DistTensor()};
