@@ -62,19 +62,26 @@ class AllToAllTransform final : public Transform {
       recv_counts.push_back(shape_numel(recv_piece));
       recv_total += recv_counts.back();
     }
-    Tensor send = Tensor::empty({send_total}, local.dtype(), local.device());
+    // When e is the outermost dim the pieces are consecutive rows: send as they are.
+    Tensor send = e == 0 ? local.contiguous().view({-1}) : Tensor::empty({send_total}, local.dtype(), local.device());
     int64_t offset = 0;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = 0; j < n && e != 0; ++j) {
       send.narrow(0, offset, send_counts[j]).view(send_pieces[j].shape()).copy_(send_pieces[j]);
       offset += send_counts[j];
     }
-    Tensor recv = all_to_all(ctx.mesh.group(m), send, recv_counts, send_counts);
-
-    // Unpack: piece j is this rank's e-piece of coordinate j's d-piece.
     Shape out_shape = local.shape();
     out_shape[d] = std::accumulate(d_sizes.begin(), d_sizes.end(), int64_t{0});
     out_shape[e] = e_sizes[me];
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
+    // When d is the outermost dim, the piece from coordinate j is a contiguous block
+    // of rows of the output: receive straight into it.
+    if (d == 0) {
+      all_to_all_async(ctx.mesh.group(m), send, out.view({-1}), recv_counts, send_counts).wait();
+      return out;
+    }
+    Tensor recv = all_to_all(ctx.mesh.group(m), send, recv_counts, send_counts);
+
+    // Unpack: piece j is this rank's e-piece of coordinate j's d-piece.
     offset = 0;
     int64_t row = 0;
     for (int64_t j = 0; j < n; ++j) {

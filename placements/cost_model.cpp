@@ -1,21 +1,29 @@
 // The alpha-beta cost model (see cost_model.h for the formulas).
 #include "dtensor/cost_model.h"
 
+#include <algorithm>
+#include <thread>
+
 namespace dtensor {
 
-CostModel CostModel::for_backend(std::string_view backend) {
+CostModel CostModel::for_backend(std::string_view backend, int64_t ranks_on_host) {
   CostModel model;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double share = std::min(1.0, cores / static_cast<double>(std::max<int64_t>(ranks_on_host, 1)));
   if (backend == "mpi") {
-    // OpenMPI over shared memory on a 2-core host: more latency per hop, and about
-    // 2 GB/s for large buffers (bench/RESULTS.md, bench_collectives).
+    // OpenMPI's shared-memory transport on a 2-core host: about 2 GB/s per rank for
+    // large buffers and ~10 us per hop (bench_collectives, raw MPI rows).
     model.latency_s = 10e-6;
-    model.bandwidth_bytes_per_s = 2.0e9;
+    model.bandwidth_bytes_per_s = 2.0e9 * share;
   } else {
-    // threads: ranks copy from each other's buffers directly; a hop is a
-    // synchronisation (a few microseconds), bandwidth is memory bandwidth.
+    // threads: ranks copy from each other's buffers; a hop is a synchronisation of a
+    // few microseconds. Fitted to bench_redistribute's bare collectives on 64 MiB
+    // (4 ranks on 2 cores: ~1.1 GB/s per rank, i.e. 2.2 GB/s unshared).
     model.latency_s = 3e-6;
-    model.bandwidth_bytes_per_s = 6.0e9;
+    model.bandwidth_bytes_per_s = 2.2e9 * share;
   }
+  // A local chunk copy (read + write) on one core.
+  model.local_bandwidth_bytes_per_s = 5e9 * share;
   return model;
 }
 

@@ -37,7 +37,9 @@ std::shared_ptr<const Plan> search(const Placements& from, const Placements& to,
                                    const DeviceMesh& mesh, DType dtype) {
   const int64_t ndim = static_cast<int64_t>(shape.size());
   const Shape& mesh_shape = mesh.shape();
-  const CostModel model = CostModel::for_backend(mesh.group().backend());
+  // Threads ranks all share this host; MPI ranks are assumed one per core.
+  const std::string backend = mesh.group().backend();
+  const CostModel model = CostModel::for_backend(backend, backend == "threads" ? mesh.size() : 1);
   const Placements target = canonicalize(to, ndim);
   const std::string goal = layout_key(target, mesh_shape, ndim);
 

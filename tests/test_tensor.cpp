@@ -151,3 +151,22 @@ TEST(Tensor, CudaDevicesFailClearlyOrWork) {
   EXPECT_EQ(g.to(Device::cpu()).to_vector<float>(), x.to_vector<float>());
   EXPECT_EQ(memory_stats(Device::cuda()).live_bytes, 24);
 }
+
+TEST(Tensor, LargeFreedBlocksAreReusedNotCounted) {
+  release_cached_memory();
+  const int64_t live_before = memory_stats().live_bytes;
+  void* first = nullptr;
+  {
+    Tensor big = Tensor::empty({1 << 20});  // 4 MiB
+    first = big.data_ptr();
+    EXPECT_EQ(memory_stats().live_bytes - live_before, 4 << 20);
+  }
+  EXPECT_EQ(memory_stats().live_bytes, live_before);  // cached blocks are not live
+  EXPECT_EQ(cached_memory_bytes(), 4 << 20);
+  Tensor again = Tensor::empty({1 << 20});
+  EXPECT_EQ(again.data_ptr(), first);  // the same block, no fresh pages
+  EXPECT_EQ(cached_memory_bytes(), 0);
+  again = Tensor();
+  release_cached_memory();
+  EXPECT_EQ(cached_memory_bytes(), 0);
+}

@@ -39,6 +39,13 @@ class MemoryCounter {
 MemoryStats memory_stats(Device device = Device::cpu());
 void reset_peak_memory(Device device = Device::cpu());
 
+// Freed CPU blocks of 1 MiB and more are kept for reuse (a step of training
+// allocates the same sizes again; fresh large blocks cost a page fault per 4 KiB).
+// They are not counted as live. cached_memory_bytes() says how much is held;
+// release_cached_memory() gives it back to the system.
+int64_t cached_memory_bytes();
+void release_cached_memory();
+
 // A set of counters (one per device kind) for one rank.
 struct RankMemoryCounters {
   std::shared_ptr<MemoryCounter> cpu = std::make_shared<MemoryCounter>();

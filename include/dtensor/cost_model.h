@@ -19,8 +19,10 @@ struct CostModel {
   double local_bandwidth_bytes_per_s = 8e9; // a local copy (read + write)
 
   // Defaults measured on the machines this project runs on (bench/RESULTS.md):
-  // "threads" (shared memory), "mpi" (OpenMPI shared-memory transport).
-  static CostModel for_backend(std::string_view backend);
+  // "threads" (shared memory), "mpi" (OpenMPI shared-memory transport). Ranks that
+  // outnumber the cores of their host share them, and with them the memory
+  // bandwidth: both bandwidths scale by min(1, cores / ranks_on_host).
+  static CostModel for_backend(std::string_view backend, int64_t ranks_on_host = 1);
 
   // `bytes` is the size of the whole buffer the collective produces or reduces.
   double all_reduce(int64_t bytes, int64_t ranks) const;

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu/block_cache.h"
 #include "backend/cuda/cuda_runtime.h"
 
 namespace dtensor {
@@ -30,17 +31,14 @@ Kernels& kernels_for(Device device) {
 
 void* device_allocate(Device device, size_t bytes) {
   if (device.is_cuda()) return cuda::allocate(device.index, bytes);
-  constexpr size_t kAlign = 64;  // a cache line, and the widest vector register
-  void* ptr = std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-  if (!ptr) throw std::bad_alloc();
-  return ptr;
+  return cpu::cached_allocate(bytes);
 }
 
-void device_free(Device device, void* ptr, size_t) {
+void device_free(Device device, void* ptr, size_t bytes) {
   if (device.is_cuda()) {
     cuda::free(device.index, ptr);
   } else {
-    std::free(ptr);
+    cpu::cached_free(ptr, bytes);
   }
 }
 

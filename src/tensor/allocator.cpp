@@ -1,6 +1,7 @@
 // Storage and the per-rank memory counters.
 #include "dtensor/allocator.h"
 
+#include "backend/cpu/block_cache.h"
 #include "backend/kernels.h"
 
 namespace dtensor {
@@ -39,6 +40,8 @@ MemoryStats MemoryCounter::stats() const {
 }
 
 MemoryStats memory_stats(Device device) { return counter_for(device)->stats(); }
+int64_t cached_memory_bytes() { return backend::cpu::cached_bytes(); }
+void release_cached_memory() { backend::cpu::release_cached_blocks(); }
 void reset_peak_memory(Device device) { counter_for(device)->reset_peak(); }
 
 ScopedMemoryCounters::ScopedMemoryCounters(std::shared_ptr<RankMemoryCounters> counters)
