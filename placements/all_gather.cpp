@@ -25,15 +25,11 @@ class AllGatherTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    const int64_t out_bytes = max_local_numel(ctx.global_shape, ctx.mesh.shape(), ctx.to) *
-                              static_cast<int64_t>(dtype_size(ctx.dtype));
+    const int64_t out_bytes = max_local_bytes(ctx, ctx.to);
     return model.all_gather(out_bytes, ctx.mesh.size(ctx.mesh_dim));
   }
 
-  Footprint footprint(const StepContext& ctx) const override {
-    const auto block = local_block(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate());
-    return {"all_gather", 1, ranges_numel(block) * static_cast<int64_t>(dtype_size(ctx.dtype))};
-  }
+  Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_gather"); }
 
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
     return start(local, ctx).finish();
@@ -49,10 +45,7 @@ class AllGatherTransform final : public Transform {
     out_shape[d] = parent.length;
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
     Work work = all_gather_async(ctx.mesh.group(m), local, out, d, sizes);
-    return {work, [work, out]() mutable {
-              work.wait();
-              return out;
-            }};
+    return in_flight(work, out);
   }
 };
 

@@ -19,15 +19,11 @@ class AllReduceTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    const int64_t bytes = max_local_numel(ctx.global_shape, ctx.mesh.shape(), ctx.from) *
-                          static_cast<int64_t>(dtype_size(ctx.dtype));
+    const int64_t bytes = max_local_bytes(ctx, ctx.from);
     return model.all_reduce(bytes, ctx.mesh.size(ctx.mesh_dim));
   }
 
-  Footprint footprint(const StepContext& ctx) const override {
-    const auto block = local_block(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate());
-    return {"all_reduce", 1, ranges_numel(block) * static_cast<int64_t>(dtype_size(ctx.dtype))};
-  }
+  Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_reduce"); }
 
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
     return start(local, ctx).finish();
@@ -37,10 +33,7 @@ class AllReduceTransform final : public Transform {
     Tensor out = Tensor::empty(local.shape(), local.dtype(), local.device());
     Work work = all_reduce_async(ctx.mesh.group(ctx.mesh_dim), local, out,
                                  ctx.from[ctx.mesh_dim].reduce_op());
-    return {work, [work, out]() mutable {
-              work.wait();
-              return out;
-            }};
+    return in_flight(work, out);
   }
 };
 

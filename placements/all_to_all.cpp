@@ -31,15 +31,11 @@ class AllToAllTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    const int64_t bytes = max_local_numel(ctx.global_shape, ctx.mesh.shape(), ctx.from) *
-                          static_cast<int64_t>(dtype_size(ctx.dtype));
+    const int64_t bytes = max_local_bytes(ctx, ctx.from);
     return model.all_to_all(bytes, ctx.mesh.size(ctx.mesh_dim));
   }
 
-  Footprint footprint(const StepContext& ctx) const override {
-    const auto block = local_block(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate());
-    return {"all_to_all", 1, ranges_numel(block) * static_cast<int64_t>(dtype_size(ctx.dtype))};
-  }
+  Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_to_all"); }
 
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
     const int m = ctx.mesh_dim;

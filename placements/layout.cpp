@@ -95,6 +95,22 @@ int64_t max_local_numel(const Shape& global_shape, const Shape& mesh_shape,
   return ranges_numel(local_block(global_shape, mesh_shape, placements, origin));
 }
 
+int64_t max_local_bytes(const StepContext& ctx, const Placements& placements) {
+  return max_local_numel(ctx.global_shape, ctx.mesh.shape(), placements) * static_cast<int64_t>(dtype_size(ctx.dtype));
+}
+
+Footprint collective_footprint(const StepContext& ctx, const char* collective) {
+  const auto block = local_block(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate());
+  return {collective, 1, ranges_numel(block) * static_cast<int64_t>(dtype_size(ctx.dtype))};
+}
+
+StartedStep in_flight(Work work, Tensor out) {
+  return {work, [work, out]() mutable {
+            work.wait();
+            return out;
+          }};
+}
+
 double reduce_identity(ReduceOp op, DType dtype) {
   // Integer extremes that survive the trip through double (2^63 - 1 does not).
   const double int_lowest = dtype == DType::I32 ? std::numeric_limits<int32_t>::lowest()

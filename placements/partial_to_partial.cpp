@@ -25,8 +25,7 @@ class PartialToPartialTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    return model.local_copy(max_local_numel(ctx.global_shape, ctx.mesh.shape(), ctx.to) *
-                            static_cast<int64_t>(dtype_size(ctx.dtype)));
+    return model.local_copy(max_local_bytes(ctx, ctx.to));
   }
 
   Footprint footprint(const StepContext&) const override { return {}; }

@@ -20,15 +20,11 @@ class ReduceScatterTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    const int64_t bytes = max_local_numel(ctx.global_shape, ctx.mesh.shape(), ctx.from) *
-                          static_cast<int64_t>(dtype_size(ctx.dtype));
+    const int64_t bytes = max_local_bytes(ctx, ctx.from);
     return model.reduce_scatter(bytes, ctx.mesh.size(ctx.mesh_dim));
   }
 
-  Footprint footprint(const StepContext& ctx) const override {
-    const auto block = local_block(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate());
-    return {"reduce_scatter", 1, ranges_numel(block) * static_cast<int64_t>(dtype_size(ctx.dtype))};
-  }
+  Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "reduce_scatter"); }
 
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
     return start(local, ctx).finish();
@@ -42,10 +38,7 @@ class ReduceScatterTransform final : public Transform {
     out_shape[d] = sizes[ctx.mesh.coordinate(m)];
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
     Work work = reduce_scatter_async(ctx.mesh.group(m), local, out, ctx.from[m].reduce_op(), d, sizes);
-    return {work, [work, out]() mutable {
-              work.wait();
-              return out;
-            }};
+    return in_flight(work, out);
   }
 };
 

@@ -103,6 +103,13 @@ Range parent_range(const Shape& global_shape, const Shape& mesh_shape, const Pla
 int64_t max_local_numel(const Shape& global_shape, const Shape& mesh_shape,
                         const Placements& placements);
 int64_t ranges_numel(const std::vector<Range>& block);
+// Bytes of the largest local block under `placements` (the slowest rank's size).
+int64_t max_local_bytes(const StepContext& ctx, const Placements& placements);
+// What a one-collective step issues on this rank: `collective` once, with this
+// rank's input bytes (the comm counters' convention).
+Footprint collective_footprint(const StepContext& ctx, const char* collective);
+// A step whose result `out` is ready once `work` completes.
+StartedStep in_flight(Work work, Tensor out);
 
 // The reduce op's identity (0 for sum/avg, lowest/highest value for max/min).
 double reduce_identity(ReduceOp op, DType dtype);

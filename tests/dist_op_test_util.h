@@ -39,7 +39,9 @@ inline std::vector<Placement> choices_for(const Tensor& t, bool partial) {
   return out;
 }
 
-// A DistTensor of `full` with `placements`; Partial(sum) dims hold (c+1)/T shares.
+// A DistTensor of `full` with `placements` whose Partial dims hold genuinely
+// partial values: for sum/avg, coordinate c holds (c+1)/T of the value
+// (T = n(n+1)/2, times n for avg); for max, the value minus c; for min, plus c.
 inline DistTensor make_input(const Tensor& full, const DeviceMesh& mesh, const Placements& placements) {
   Placements replicated = placements;
   for (Placement& p : replicated) {
@@ -50,7 +52,12 @@ inline DistTensor make_input(const Tensor& full, const DeviceMesh& mesh, const P
     if (!placements[i].is_partial()) continue;
     const double c = static_cast<double>(mesh.coordinate(static_cast<int>(i)));
     const double n = static_cast<double>(mesh.size(static_cast<int>(i)));
-    local = mul(local, (c + 1) / (n * (n + 1) / 2));
+    switch (placements[i].reduce_op()) {
+      case ReduceOp::Max: local = sub(local, c); break;
+      case ReduceOp::Min: local = add(local, c); break;
+      case ReduceOp::Avg: local = mul(local, n * (c + 1) / (n * (n + 1) / 2)); break;
+      default: local = mul(local, (c + 1) / (n * (n + 1) / 2));
+    }
   }
   return DistTensor::from_local(local.contiguous(), mesh, placements, full.shape());
 }

@@ -2,9 +2,7 @@
 // full tensor on one rank, with the comm counters held to what explain promised.
 #include <random>
 
-#include "dtensor/comm_debug.h"
-#include "dtensor/dist_tensor.h"
-#include "test_helpers.h"
+#include "dist_op_test_util.h"
 
 using namespace dtensor;
 
@@ -44,29 +42,10 @@ std::vector<Placements> all_layouts(int64_t mesh_ndim, int64_t tensor_ndim) {
   return out;
 }
 
-// A DistTensor of `full` in layout `placements` whose Partial dims hold genuinely
-// partial values: for sum, coordinate c holds (c+1)/T of the value (T = n(n+1)/2);
-// for max, coordinate c holds the value minus c.
-DistTensor make_source(const Tensor& full, const DeviceMesh& mesh, const Placements& placements) {
-  Placements replicated = placements;
-  for (Placement& p : replicated) {
-    if (p.is_partial()) p = Replicate();
-  }
-  Tensor local = distribute(full, mesh, replicated).to_local();
-  for (size_t i = 0; i < placements.size(); ++i) {
-    if (!placements[i].is_partial()) continue;
-    const double c = static_cast<double>(mesh.coordinate(static_cast<int>(i)));
-    const double n = static_cast<double>(mesh.size(static_cast<int>(i)));
-    local = placements[i].reduce_op() == ReduceOp::Sum ? mul(local, (c + 1) / (n * (n + 1) / 2))
-                                                       : sub(local, c);
-  }
-  return DistTensor::from_local(local, mesh, placements, full.shape());
-}
-
 // Redistributes source -> target and checks values, local shape and comm counters.
 void check_pair(const Tensor& full, const DeviceMesh& mesh, const Placements& from,
                 const Placements& to) {
-  const DistTensor source = make_source(full, mesh, from);
+  const DistTensor source = dtensor::testing::make_input(full, mesh, from);
   const RedistributePlan plan = explain_redistribute(from, to, full.shape(), mesh, full.dtype());
   DistTensor result;
   {
