@@ -6,7 +6,9 @@
 //   mpi   dtensor's mpi backend on the same buffers,
 //   thr   dtensor's threads backend, n threads inside process 0,
 //   memcpy single-thread memcpy of `bytes`, the ceiling a CPU copy reaches.
-// Run: mpirun -np 4 --oversubscribe bench_collectives [--max-mib=64] [--worlds=2,4]
+// Run: mpirun -np 4 --oversubscribe --bind-to none bench_collectives [--max-mib=64] [--worlds=2,4]
+// (--bind-to none: otherwise mpirun pins process 0 to one core and the threads
+// columns run all their rank threads on it)
 //      [--only=all_reduce]
 // Without mpirun (or in a build without MPI) only threads and memcpy are measured.
 #if DTENSOR_WITH_MPI
