@@ -8,6 +8,7 @@
 #include "dist/dispatch.h"
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
+#include "dtensor/trace.h"
 
 namespace dtensor::ops {
 
@@ -28,6 +29,7 @@ template <class SpecFn>
 DistTensor run_einsum_lazy(const char* op, const std::vector<int64_t>& attributes,
                            const std::vector<DistTensor>& inputs, SpecFn&& spec_fn, const Shape& out_shape,
                            const LocalFn& local) {
+  TraceSpan span(op, "op");
   dispatch::common_mesh(inputs, op);
   const dispatch::Strategy& strategy = dispatch::cached_strategy(
       op, attributes, inputs, [&] { return dispatch::einsum_strategies(spec_fn(), inputs); });

@@ -1,5 +1,6 @@
 // CommDebugMode: a per-rank (thread-local) stack of live counters.
 #include "dtensor/comm_debug.h"
+#include "dtensor/trace.h"
 
 #include <sstream>
 
@@ -14,6 +15,8 @@ CommDebugMode::CommDebugMode() : previous_(active_mode) { active_mode = this; }
 CommDebugMode::~CommDebugMode() { active_mode = previous_; }
 
 void CommDebugMode::record(std::string_view kind, const Group& group, int64_t bytes) {
+  // Every collective issued also marks the timeline (one relaxed load when off).
+  if (Tracer::enabled()) Tracer::instant(std::string(kind), "comm");
   if (!active_mode) return;
   const std::string group_name = group.defined() ? group.name() : "";
   for (CommDebugMode* mode = active_mode; mode; mode = mode->previous_) {

@@ -10,6 +10,7 @@
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"
+#include "dtensor/trace.h"
 
 namespace dtensor {
 
@@ -52,7 +53,9 @@ std::chrono::milliseconds default_timeout() {
 // ---- Work, Group ---------------------------------------------------------------------
 
 void Work::wait() {
-  if (impl_) impl_->wait();
+  if (!impl_) return;
+  TraceSpan span("wait", "comm");
+  impl_->wait();
 }
 
 bool Work::is_completed() const { return !impl_ || impl_->is_completed(); }
