@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "dtensor/dtensor.h"
 
@@ -21,7 +22,7 @@ namespace {
 
 constexpr int kRanks = 4;
 const Shape kShape{4096, 4096};  // 64 MiB of F32
-constexpr int kReps = 5;
+constexpr int kReps = 9;
 
 struct Transition {
   const char* name;
@@ -46,20 +47,26 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Median over reps of the slowest rank's time for fn (ranks start together).
-template <class Fn>
-double time_collectively(const Group& world, Fn&& fn) {
-  std::vector<double> times;
-  fn();  // warm-up: plans, caches, first-touch pages
+// Medians over reps of the slowest rank's time for each function. The functions
+// run interleaved within every rep, so drift in the machine's load hits them alike.
+std::vector<double> time_interleaved(const Group& world, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> times(fns.size());
+  for (const auto& fn : fns) fn();  // warm-up: plans, caches, first-touch pages
   for (int rep = 0; rep < kReps; ++rep) {
-    barrier(world);
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    Tensor mine = Tensor::full({1}, seconds_since(t0), DType::F64);
-    times.push_back(all_reduce(world, mine, ReduceOp::Max).item<double>());
+    for (size_t f = 0; f < fns.size(); ++f) {
+      barrier(world);
+      const auto t0 = std::chrono::steady_clock::now();
+      fns[f]();
+      Tensor mine = Tensor::full({1}, seconds_since(t0), DType::F64);
+      times[f].push_back(all_reduce(world, mine, ReduceOp::Max).item<double>());
+    }
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  std::vector<double> medians;
+  for (auto& t : times) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
 }
 
 // The same collectives as the plan, issued directly on tensors of the plan's sizes.
@@ -96,12 +103,14 @@ void BM_Redistribute(benchmark::State& state) {
       const DistTensor source = distribute(full, mesh, t.from);
       const RedistributePlan plan = explain_redistribute(t.from, t.to, kShape, mesh);
       const RedistributePlan naive = explain_redistribute(t.from, {Replicate(), Replicate()}, kShape, mesh);
-      const double planned = time_collectively(world, [&] { benchmark::DoNotOptimize(source.redistribute(t.to).to_local().data_ptr()); });
-      const double bare = time_collectively(world, [&] { run_bare_collectives(mesh, plan, source); });
-      const double gathered = time_collectively(world, [&] {
-        const Tensor everything = source.full_tensor();
-        benchmark::DoNotOptimize(distribute(everything, mesh, t.to).to_local().data_ptr());
-      });
+      const std::vector<double> times = time_interleaved(
+          world, {[&] { benchmark::DoNotOptimize(source.redistribute(t.to).to_local().data_ptr()); },
+                  [&] { run_bare_collectives(mesh, plan, source); },
+                  [&] {
+                    const Tensor everything = source.full_tensor();
+                    benchmark::DoNotOptimize(distribute(everything, mesh, t.to).to_local().data_ptr());
+                  }});
+      const double planned = times[0], bare = times[1], gathered = times[2];
       if (world.rank() == 0) {
         planned_s = planned;
         bare_s = bare;

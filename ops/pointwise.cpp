@@ -7,7 +7,6 @@
 // a scalar multiply or divide keeps any linear Partial. Everything else reduces a
 // Partial input first.
 #include <cmath>
-#include <cstring>
 
 #include "ops/op_helpers.h"
 
@@ -124,9 +123,8 @@ DistTensor binary(BinaryOp op, const DistTensor& a, const DistTensor& b) {
 
 DistTensor binary(BinaryOp op, const DistTensor& a, double scalar) {
   const PartialRule rule = keeps_partial(op) ? PartialRule::OneOf : PartialRule::None;
-  int64_t bits;
-  std::memcpy(&bits, &scalar, sizeof bits);  // the scalar is part of the cache key
-  DistTensor out = run_pointwise(op_name(op), {static_cast<int64_t>(op), bits}, {a}, rule, {},
+  // The strategy does not depend on the scalar's value, so it is not in the key.
+  DistTensor out = run_pointwise(op_name(op), {static_cast<int64_t>(op), -1}, {a}, rule, {},
                                  [op, scalar](const std::vector<Tensor>& l) { return binary(op, l[0], scalar); });
   if (op >= BinaryOp::Eq || !autograd::needs_grad({a})) return out;
   const DistTensor sa = a.detach();

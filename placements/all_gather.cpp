@@ -4,6 +4,8 @@
 // slices of the parent piece, so concatenating them in coordinate order rebuilds
 // it. (Gathering an outer splitter would interleave blocks.) Uneven pieces are
 // gathered with their exact sizes; nothing is padded in the local tensors.
+#include <numeric>
+
 #include "placements/transform.h"
 
 namespace dtensor::redistribution {
@@ -31,21 +33,30 @@ class AllGatherTransform final : public Transform {
 
   Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_gather"); }
 
+  // Synchronous collectives run inline on the calling rank; the async forms hand the
+  // call to the group's progress thread, which costs a thread wake-up per call.
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
-    return start(local, ctx).finish();
+    const int m = ctx.mesh_dim;
+    const int64_t d = ctx.from[m].dim();
+    return all_gather(ctx.mesh.group(m), local, d, sizes(ctx, d));
   }
 
   StartedStep start(const Tensor& local, const StepContext& ctx) const override {
     const int m = ctx.mesh_dim;
     const int64_t d = ctx.from[m].dim();
-    const Range parent = parent_range(ctx.global_shape, ctx.mesh.shape(), ctx.from,
-                                      ctx.mesh.coordinate(), m, d);
-    const std::vector<int64_t> sizes = chunk_sizes(parent.length, ctx.mesh.size(m));
+    const std::vector<int64_t> pieces = sizes(ctx, d);
     Shape out_shape = local.shape();
-    out_shape[d] = parent.length;
+    out_shape[d] = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
-    Work work = all_gather_async(ctx.mesh.group(m), local, out, d, sizes);
-    return in_flight(work, out);
+    return in_flight(all_gather_async(ctx.mesh.group(m), local, out, d, pieces), out);
+  }
+
+ private:
+  // The pieces of d's parent range, one per coordinate of the mesh dim.
+  static std::vector<int64_t> sizes(const StepContext& ctx, int64_t d) {
+    const int m = ctx.mesh_dim;
+    const Range parent = parent_range(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate(), m, d);
+    return chunk_sizes(parent.length, ctx.mesh.size(m));
   }
 };
 

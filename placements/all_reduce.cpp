@@ -25,8 +25,9 @@ class AllReduceTransform final : public Transform {
 
   Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_reduce"); }
 
+  // Inline (synchronous) unless started asynchronously: see all_gather.cpp.
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
-    return start(local, ctx).finish();
+    return all_reduce(ctx.mesh.group(ctx.mesh_dim), local, ctx.from[ctx.mesh_dim].reduce_op());
   }
 
   StartedStep start(const Tensor& local, const StepContext& ctx) const override {

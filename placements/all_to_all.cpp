@@ -32,7 +32,11 @@ class AllToAllTransform final : public Transform {
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
     const int64_t bytes = max_local_bytes(ctx, ctx.from);
-    return model.all_to_all(bytes, ctx.mesh.size(ctx.mesh_dim));
+    const int m = ctx.mesh_dim;
+    // Packing strided pieces (e is not the outer dim) and unpacking them (d is not)
+    // are local copies on top of the exchange.
+    const int copies = (ctx.to[m].dim() != 0) + (ctx.from[m].dim() != 0);
+    return model.all_to_all(bytes, ctx.mesh.size(m)) + copies * model.local_copy(bytes);
   }
 
   Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_to_all"); }
@@ -72,7 +76,7 @@ class AllToAllTransform final : public Transform {
     // When d is the outermost dim, the piece from coordinate j is a contiguous block
     // of rows of the output: receive straight into it.
     if (d == 0) {
-      all_to_all_async(ctx.mesh.group(m), send, out.view({-1}), recv_counts, send_counts).wait();
+      all_to_all_into(ctx.mesh.group(m), send, out.view({-1}), recv_counts, send_counts);
       return out;
     }
     Tensor recv = all_to_all(ctx.mesh.group(m), send, recv_counts, send_counts);

@@ -57,8 +57,9 @@ bool serves(const std::vector<int64_t>& sender, const std::vector<int64_t>& rece
 }
 
 struct Traffic {
-  int64_t bytes = 0;
+  int64_t bytes = 0;        // sent to other ranks
   int64_t peers = 0;
+  int64_t local_bytes = 0;  // kept and copied into the new local tensor
 };
 
 // What the rank at `me` sends to other ranks.
@@ -67,9 +68,11 @@ Traffic sends_of(const std::vector<int64_t>& me, const StepContext& ctx, const S
   const Block mine = local_block(ctx.global_shape, mesh_shape, ctx.from, me);
   for (int64_t q = 0; q < shape_numel(mesh_shape); ++q) {
     const std::vector<int64_t> receiver = coordinate_of(q, mesh_shape);
-    if (receiver == me || !serves(me, receiver, ctx.from, mesh_shape)) continue;
+    if (!serves(me, receiver, ctx.from, mesh_shape)) continue;
     const int64_t n = ranges_numel(intersect(mine, local_block(ctx.global_shape, mesh_shape, ctx.to, receiver)));
-    if (n > 0) {
+    if (receiver == me) {
+      traffic.local_bytes = n * static_cast<int64_t>(dtype_size(ctx.dtype));
+    } else if (n > 0) {
       traffic.bytes += n * static_cast<int64_t>(dtype_size(ctx.dtype));
       ++traffic.peers;
     }
@@ -94,7 +97,11 @@ class BlockTransferTransform final : public Transform {
       }
     }
     next = canonicalize(next, ndim);
-    if (layout_key(next, mesh_shape, ndim) != layout_key(from, mesh_shape, ndim)) {
+    // A change on one mesh dim is that dim's collective (all_gather, all_to_all...);
+    // the block transfer is for changes on several mesh dims at once.
+    int changed = 0;
+    for (size_t i = 0; i < next.size(); ++i) changed += mesh_shape[i] > 1 && !(next[i] == from[i]);
+    if (changed >= 2 && layout_key(next, mesh_shape, ndim) != layout_key(from, mesh_shape, ndim)) {
       out.push_back({kind(), -1, next});
     }
   }
@@ -106,10 +113,10 @@ class BlockTransferTransform final : public Transform {
       const Traffic t = sends_of(coordinate_of(r, mesh_shape), ctx, mesh_shape);
       worst.bytes = std::max(worst.bytes, t.bytes);
       worst.peers = std::max(worst.peers, t.peers);
+      worst.local_bytes = std::max(worst.local_bytes, t.local_bytes);
     }
-    const int64_t out_bytes = max_local_numel(ctx.global_shape, mesh_shape, ctx.to) *
-                              static_cast<int64_t>(dtype_size(ctx.dtype));
-    return model.point_to_point(worst.bytes, worst.peers) + model.local_copy(out_bytes);
+    // Received blocks land in place; only what a rank keeps is copied locally.
+    return model.point_to_point(worst.bytes, worst.peers) + model.local_copy(worst.local_bytes);
   }
 
   Footprint footprint(const StepContext& ctx) const override {
@@ -146,11 +153,16 @@ class BlockTransferTransform final : public Transform {
       if (other != me && serves(other, me, ctx.from, mesh_shape)) {
         const Block part = intersect(local_block(ctx.global_shape, mesh_shape, ctx.from, other), mine_after);
         if (ranges_numel(part) > 0) {
-          Shape part_shape;
-          for (const Range& r : part) part_shape.push_back(r.length);
-          Tensor buffer = Tensor::empty(part_shape, local.dtype(), local.device());
-          ops.push_back(P2POp::recv(buffer, static_cast<int>(q)));
-          received.emplace_back(buffer, part);
+          // Straight into the output when the part is one contiguous run of it (a
+          // whole block moving between owners), else through a buffer.
+          Tensor target = view_of(out, mine_after, part);
+          if (target.is_contiguous()) {
+            ops.push_back(P2POp::recv(target, static_cast<int>(q)));
+          } else {
+            Tensor buffer = Tensor::empty(target.shape(), local.dtype(), local.device());
+            ops.push_back(P2POp::recv(buffer, static_cast<int>(q)));
+            received.emplace_back(buffer, part);
+          }
         }
       }
     }

@@ -18,12 +18,12 @@ CostModel CostModel::for_backend(std::string_view backend, int64_t ranks_on_host
   } else {
     // threads: ranks copy from each other's buffers; a hop is a synchronisation of a
     // few microseconds. Fitted to bench_redistribute's bare collectives on 64 MiB
-    // (4 ranks on 2 cores: ~1.1 GB/s per rank, i.e. 2.2 GB/s unshared).
+    // (4 ranks on 2 cores, idle machine: 1.8-3.3 GB/s per rank, ~5 GB/s unshared).
     model.latency_s = 3e-6;
-    model.bandwidth_bytes_per_s = 2.2e9 * share;
+    model.bandwidth_bytes_per_s = 5.0e9 * share;
   }
-  // A local chunk copy (read + write) on one core.
-  model.local_bandwidth_bytes_per_s = 5e9 * share;
+  // A local copy (read + write) on one core: bench_redistribute's local chunk.
+  model.local_bandwidth_bytes_per_s = 7e9 * share;
   return model;
 }
 

@@ -26,8 +26,12 @@ class ReduceScatterTransform final : public Transform {
 
   Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "reduce_scatter"); }
 
+  // Inline (synchronous) unless started asynchronously: see all_gather.cpp.
   Tensor apply(const Tensor& local, const StepContext& ctx) const override {
-    return start(local, ctx).finish();
+    const int m = ctx.mesh_dim;
+    const int64_t d = ctx.to[m].dim();
+    return reduce_scatter(ctx.mesh.group(m), local, ctx.from[m].reduce_op(), d,
+                          chunk_sizes(local.size(d), ctx.mesh.size(m)));
   }
 
   StartedStep start(const Tensor& local, const StepContext& ctx) const override {

@@ -66,11 +66,13 @@ TEST(Trace, ChromeJsonWithOneTrackPerRankAndChosenSteps) {
       EXPECT_TRUE(e.find("args")->find("loss") != nullptr);
     }
   }
-  // Per rank: step, forward, loss, two checkpoints and the track name; nothing else.
-  EXPECT_EQ(count.size(), 12u);
+  // Per rank: step, forward, the barrier (collectives mark the timeline), loss, two
+  // checkpoints and the track name; nothing else.
+  EXPECT_EQ(count.size(), 14u);
   for (int64_t pid : {0, 1}) {
     EXPECT_EQ((count[{pid, "step"}]), 2) << "rank " << pid;
     EXPECT_EQ((count[{pid, "forward"}]), 2);
+    EXPECT_EQ((count[{pid, "barrier"}]), 2);
     EXPECT_EQ((count[{pid, "loss"}]), 2);
     EXPECT_EQ((count[{pid, "checkpoint \"1\""}]), 1);  // escaped in the JSON, intact after parsing
     EXPECT_EQ((count[{pid, "checkpoint \"0\""}]), 0);  // step 0 was not chosen
