@@ -2,6 +2,8 @@
 #include "dist/dispatch.h"
 #include "dtensor/ops.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -158,6 +160,12 @@ std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vecto
 
 size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs) {
   DT_CHECK_SUPPORTED(!strategies.empty(), "dispatch", "the op offered no sharding strategy");
+  // Costs within 1% (or 10 ns) are a tie: then fewer changed inputs win, then the
+  // output with fewer replicated mesh dims (less memory, no later re-sharding), then
+  // the first listed.
+  auto replicated = [](const Placements& p) {
+    return std::count_if(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
+  };
   size_t best = 0;
   double best_cost = 0;
   int best_changes = 0;
@@ -165,12 +173,16 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
     double cost = 0;
     int changes = 0;
     for (size_t j = 0; j < inputs.size(); ++j) {
-      const double c = redistribution_cost(inputs[j], strategies[i].inputs[j]);
-      cost += c;
+      cost += redistribution_cost(inputs[j], strategies[i].inputs[j]);
       changes += strategies[i].inputs[j] != inputs[j].placements();
     }
-    // Strictly cheaper wins; at equal cost, fewer changed inputs; then the first.
-    if (i == 0 || cost < best_cost - 1e-15 || (cost <= best_cost + 1e-15 && changes < best_changes)) {
+    const double tolerance = std::max(1e-8, 0.01 * std::min(cost, best_cost));
+    const bool tie = i > 0 && std::abs(cost - best_cost) <= tolerance;
+    const bool better = i == 0 || (!tie && cost < best_cost) ||
+                        (tie && (changes < best_changes ||
+                                 (changes == best_changes &&
+                                  replicated(strategies[i].output) < replicated(strategies[best].output))));
+    if (better) {
       best = i;
       best_cost = cost;
       best_changes = changes;

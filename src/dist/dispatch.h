@@ -3,8 +3,8 @@
 //
 // An op (1) lists candidate strategies: for every input the placements it needs and
 // the placements the output then has; (2) picks the one whose input redistributions
-// cost least under the cost model (ties: the first listed, and rules list the
-// "keep the inputs as they are" strategies first); (3) redistributes the inputs
+// cost least under the cost model (costs within 1% tie; ties go to fewer changed
+// inputs, then to the more sharded output, then to the first listed); (3) redistributes the inputs
 // (differentiably); (4) runs the local kernel; (5) wraps the output. Decisions are
 // cached by (op, attributes, input layouts, shapes, dtypes).
 //
