@@ -1,0 +1,96 @@
+// nn modules: parameter naming, layout-independent initialisation, state dicts,
+// hooks, train/eval, and the modules' own errors.
+#include "dtensor/nn/gpt.h"
+#include "dtensor/ops.h"
+#include "test_helpers.h"
+
+using namespace dtensor;
+
+namespace {
+nn::GPTConfig small() {
+  nn::GPTConfig c;
+  c.vocab = 11;
+  c.block_size = 6;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 8;
+  c.dropout = 0.1;
+  return c;
+}
+}  // namespace
+
+TEST(NN, ParametersAreNamedAndInitialisedTheSameOnAnyMesh) {
+  std::map<std::string, Tensor> one_rank;
+  launch(1, [&](Group g) { one_rank = nn::GPT(DeviceMesh(g, {1}), small(), 3).state_dict(); });
+  EXPECT_TRUE(one_rank.count("tokens.weight"));
+  EXPECT_TRUE(one_rank.count("blocks.1.attn.q.weight"));
+  EXPECT_TRUE(one_rank.count("blocks.0.mlp.down.bias"));
+  EXPECT_FALSE(one_rank.count("head.weight"));  // tied to the token embedding
+  EXPECT_EQ(one_rank.at("blocks.0.norm1.weight").to_vector<float>(), std::vector<float>(8, 1.0f));
+  launch(4, [&](Group g) {
+    nn::GPT model(DeviceMesh(g, {2, 2}), small(), 3);
+    const auto state = model.state_dict();
+    ASSERT_EQ(state.size(), one_rank.size());
+    for (const auto& [name, t] : one_rank) EXPECT_TRUE(allclose(state.at(name), t, 0, 0)) << name;
+    int64_t total = 0;
+    for (const auto& [_, t] : one_rank) total += t.numel();
+    EXPECT_EQ(model.num_parameters(), total);
+  });
+  // A different seed gives a different model.
+  launch(1, [&](Group g) {
+    const auto other = nn::GPT(DeviceMesh(g, {1}), small(), 4).state_dict();
+    EXPECT_FALSE(allclose(other.at("tokens.weight"), one_rank.at("tokens.weight")));
+  });
+}
+
+TEST(NN, StateDictRoundTripAndErrors) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    nn::GPT a(mesh, small(), 1), b(mesh, small(), 2);
+    b.load_state_dict(a.state_dict());
+    for (const auto& [name, t] : a.state_dict()) EXPECT_TRUE(allclose(b.state_dict().at(name), t, 0, 0)) << name;
+    auto state = a.state_dict();
+    state.erase("tokens.weight");
+    EXPECT_THROW_MSG(b.load_state_dict(state), std::invalid_argument, "[load_state_dict] missing parameter 'tokens.weight'");
+    state = a.state_dict();
+    state["bogus"] = Tensor::zeros({1});
+    EXPECT_THROW_MSG(b.load_state_dict(state), std::invalid_argument, "unexpected parameter 'bogus'");
+    state = a.state_dict();
+    state["norm.weight"] = Tensor::zeros({3});
+    EXPECT_THROW_MSG(b.load_state_dict(state), std::invalid_argument, "parameter 'norm.weight': expected shape [8], got [3]");
+  });
+}
+
+TEST(NN, HooksTrainEvalAndBadInput) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    nn::GPT model(mesh, small(), 1);
+    int pre = 0, post = 0;
+    Shape seen;
+    model.register_forward_pre_hook([&](nn::Module&, const DistTensor& in) {
+      ++pre;
+      seen = in.shape();
+    });
+    model.register_forward_post_hook([&](nn::Module&, const DistTensor&, const DistTensor& out) {
+      ++post;
+      EXPECT_EQ(out.shape(), (Shape{2, 6, 11}));
+    });
+    const DistTensor ids = distribute(Tensor::from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 1}, {2, 6}), mesh, {Shard(0)});
+    // Dropout draws a new mask per call in training, none in eval.
+    const Tensor train1 = model(ids).full_tensor(), train2 = model(ids).full_tensor();
+    EXPECT_FALSE(allclose(train1, train2));
+    model.eval();
+    EXPECT_FALSE(model.training());
+    EXPECT_TRUE(allclose(model(ids).full_tensor(), model(ids).full_tensor(), 0, 0));
+    EXPECT_EQ(pre, 4);
+    EXPECT_EQ(post, 4);
+    EXPECT_EQ(seen, (Shape{2, 6}));
+    const DistTensor long_ids = distribute(Tensor::zeros({1, 7}, DType::I64), mesh, {Replicate()});
+    EXPECT_THROW_MSG(model(long_ids), std::invalid_argument, "[GPT] sequence length 7 exceeds block_size 6");
+    EXPECT_THROW_MSG(model(distribute(Tensor::zeros({1, 3}), mesh, {Replicate()})), std::invalid_argument,
+                     "[GPT] expected token ids [B, T] of i64");
+    nn::GPTConfig bad = small();
+    bad.dim = 9;
+    EXPECT_THROW_MSG(nn::GPT(mesh, bad, 1), std::invalid_argument, "[SelfAttention] dim 9 must be a multiple of heads 2");
+  });
+}
