@@ -16,6 +16,7 @@ namespace {
 
 constexpr double kStepPenalty = 1e-9;
 constexpr size_t kMaxStates = 200000;
+constexpr size_t kMaxCachedPlans = 1 << 14;
 
 struct Node {
   double cost = 0;
@@ -115,6 +116,8 @@ std::shared_ptr<const Plan> find_plan(const Placements& from, const Placements& 
   // wait for each other; two ranks planning the same one compute the same plan.
   std::shared_ptr<const Plan> plan = search(from, to, shape, mesh, dtype);
   std::lock_guard<std::mutex> lock(cache_mutex);
+  // Bounded: programs with ever-changing shapes start over instead of growing.
+  if (cache().size() >= kMaxCachedPlans) cache().clear();
   return cache().emplace(key, plan).first->second;
 }
 

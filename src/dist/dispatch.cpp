@@ -116,6 +116,7 @@ struct KeyHash {
 };
 
 thread_local std::unordered_map<std::vector<int64_t>, Strategy, KeyHash> strategy_cache;
+constexpr size_t kMaxCachedStrategies = 1 << 14;
 thread_local DispatchTrace* active_trace = nullptr;
 
 void encode(std::vector<int64_t>& key, const Placements& placements) {
@@ -229,6 +230,9 @@ const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
   const DeviceMesh& mesh = inputs[0].mesh();
   if (debug_dispatch() && mesh.linear_index() == 0) std::cerr << describe(op, strategies[chosen], inputs) << "\n";
   if (active_trace) active_trace->add(describe(op, strategies[chosen], inputs));
+  // Programs whose shapes keep changing (variable lengths) would grow the cache
+  // without bound; starting over costs one strategy search per op and layout.
+  if (strategy_cache.size() >= kMaxCachedStrategies) strategy_cache.clear();
   return strategy_cache.emplace(scratch_key, std::move(strategies[chosen])).first->second;
 }
 
