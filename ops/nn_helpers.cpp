@@ -6,16 +6,9 @@ namespace dtensor::ops {
 Placed place_inputs(const char* op, const std::vector<int64_t>& attributes,
                     const std::vector<DistTensor>& inputs, const dispatch::EinsumSpec& spec) {
   dispatch::common_mesh(inputs, op);
-  Placed placed{dispatch::cached_strategy(op, attributes, inputs,
-                                          [&] { return dispatch::einsum_strategies(spec, inputs); }),
-                {}};
-  NoGradGuard no_grad;
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    const Placements& want = placed.strategy.inputs[j];
-    placed.locals.push_back(inputs[j].placements() == want ? inputs[j].to_local()
-                                                           : inputs[j].redistribute(want).to_local());
-  }
-  return placed;
+  const dispatch::Strategy& strategy = dispatch::cached_strategy(
+      op, attributes, inputs, [&] { return dispatch::einsum_strategies(spec, inputs); });
+  return Placed{strategy, dispatch::local_inputs(strategy, inputs)};
 }
 
 bool is_sharded_on(const Placements& placements, int64_t dim) {

@@ -11,19 +11,8 @@ std::string letters(int64_t ndim) {
 
 DistTensor run_with_strategy(const std::vector<DistTensor>& inputs, const dispatch::Strategy& strategy,
                              const Shape& out_shape, const LocalFn& local) {
-  std::vector<Tensor> locals;
-  locals.reserve(inputs.size());
-  // The op records its own backward against its original inputs; the input
-  // redistributions here are not recorded separately.
-  NoGradGuard no_grad;
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    if (inputs[j].placements() == strategy.inputs[j]) {
-      locals.push_back(inputs[j].to_local());
-    } else {
-      locals.push_back(inputs[j].redistribute(strategy.inputs[j]).to_local());
-    }
-  }
-  return dispatch::wrap(local(locals), inputs[0].mesh(), strategy.output, out_shape);
+  return dispatch::wrap(local(dispatch::local_inputs(strategy, inputs)), inputs[0].mesh(), strategy.output,
+                        out_shape);
 }
 
 DistTensor run_einsum(const char* op, const std::vector<int64_t>& attributes,

@@ -107,12 +107,7 @@ std::vector<DistTensor> split_as(const DistTensor& a, const std::vector<int64_t>
   const dispatch::Strategy& strategy = dispatch::cached_strategy(op, attributes, {a}, [&] {
     return dispatch::einsum_strategies(along_dim_spec(a.dim(), dim, 1, dispatch::PartialRule::OneOf), {a});
   });
-  Tensor local;
-  {
-    // The op records its own backward; the input redistribution is part of it.
-    NoGradGuard no_grad;
-    local = (a.placements() == strategy.inputs[0] ? a : a.redistribute(strategy.inputs[0])).to_local();
-  }
+  const Tensor local = dispatch::local_inputs(strategy, {a})[0];
   // The split dim is whole locally, so the local pieces have the global sizes there.
   const std::vector<Tensor> pieces = local.split(sizes, dim);
   std::vector<DistTensor> outs;

@@ -183,12 +183,7 @@ DistTensor reshape_as(const DistTensor& a, const Shape& requested, const char* o
     });
     return strategies;
   });
-  Tensor local;
-  {
-    // The op records its own backward; the input redistribution is part of it.
-    NoGradGuard no_grad;
-    local = (a.placements() == strategy.inputs[0] ? a : a.redistribute(strategy.inputs[0])).to_local();
-  }
+  const Tensor local = dispatch::local_inputs(strategy, {a})[0];
   // A sharded output dim is the outermost of its run: it takes whatever the local
   // piece of the run holds; every other output dim is whole.
   Shape local_out = out;

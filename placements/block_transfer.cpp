@@ -12,21 +12,15 @@
 // have to gather.
 #include <algorithm>
 
+#include "mesh/mesh_index.h"
 #include "placements/transform.h"
 
 namespace dtensor::redistribution {
 namespace {
 
-using Block = std::vector<Range>;
+using mesh_index::coordinate_of;
 
-std::vector<int64_t> coordinate_of(int64_t linear, const Shape& mesh_shape) {
-  std::vector<int64_t> coordinate(mesh_shape.size());
-  for (size_t i = mesh_shape.size(); i-- > 0;) {
-    coordinate[i] = linear % mesh_shape[i];
-    linear /= mesh_shape[i];
-  }
-  return coordinate;
-}
+using Block = std::vector<Range>;
 
 Block intersect(const Block& a, const Block& b) {
   Block out(a.size());

@@ -1,5 +1,6 @@
 // Strategy enumeration (einsum rule), choice by cost, and the per-rank decision cache.
 #include "dist/dispatch.h"
+#include "dtensor/autograd.h"
 #include "dtensor/ops.h"
 
 #include <algorithm>
@@ -192,13 +193,15 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
   return best;
 }
 
-std::vector<DistTensor> redistribute_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs) {
-  std::vector<DistTensor> out;
-  out.reserve(inputs.size());
+std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> locals;
+  locals.reserve(inputs.size());
   for (size_t j = 0; j < inputs.size(); ++j) {
-    out.push_back(inputs[j].placements() == strategy.inputs[j] ? inputs[j] : inputs[j].redistribute(strategy.inputs[j]));
+    const Placements& want = strategy.inputs[j];
+    locals.push_back(inputs[j].placements() == want ? inputs[j].to_local() : inputs[j].redistribute(want).to_local());
   }
-  return out;
+  return locals;
 }
 
 namespace detail {

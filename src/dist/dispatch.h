@@ -59,8 +59,10 @@ std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vecto
 // The index of the cheapest strategy for these inputs.
 size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs);
 
-// The inputs moved to the strategy's placements (differentiable redistribution).
-std::vector<DistTensor> redistribute_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs);
+// The inputs moved to the strategy's placements, as local tensors. The moves are
+// not recorded for autograd: every op records its own backward against its
+// original inputs.
+std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs);
 
 // Cached strategy choice. `attributes` distinguishes calls of one op that need
 // different strategies (dims, keepdim, ...). `build` (returning the candidate

@@ -38,6 +38,14 @@ StepContext context_for(const DistTensor& t, const redistribution::PlannedStep& 
   return StepContext{t.mesh(), t.shape(), t.dtype(), step.before, step.after, step.mesh_dim};
 }
 
+// Runs the plan's steps from `first` on, starting from `local` (a piece of `t`).
+Tensor run_steps(Tensor local, const DistTensor& t, const Plan& plan, size_t first) {
+  for (size_t i = first; i < plan.steps.size(); ++i) {
+    local = transform_for(plan.steps[i].kind).apply(local, context_for(t, plan.steps[i]));
+  }
+  return local;
+}
+
 }  // namespace
 
 // The backward of redistribute (DESIGN.md): the gradient goes back to the source
@@ -61,9 +69,7 @@ DistTensor DistTensor::redistribute(const Placements& placements) const {
   const Placements to = checked_target(*this, placements);
   if (same_layout(*this, to)) return record_redistribute(wrap(to_local(), *this, to), *this);
   std::shared_ptr<const Plan> plan = find_plan(this->placements(), to, shape(), mesh(), dtype());
-  Tensor local = to_local();
-  for (const auto& step : plan->steps) local = transform_for(step.kind).apply(local, context_for(*this, step));
-  return record_redistribute(wrap(local, *this, to), *this);
+  return record_redistribute(wrap(run_steps(to_local(), *this, *plan, 0), *this, to), *this);
 }
 
 DistTensor DistTensor::redistribute(const DeviceMesh& mesh, const Placements& placements) const {
@@ -105,11 +111,7 @@ DistTensor PendingRedistribute::wait() {
   state_->consumed = true;
   const DistTensor& source = state_->source;
   if (!state_->plan) return wrap(source.to_local(), source, state_->to);
-  Tensor local = state_->first.finish();
-  for (size_t i = 1; i < state_->plan->steps.size(); ++i) {
-    const auto& step = state_->plan->steps[i];
-    local = transform_for(step.kind).apply(local, context_for(source, step));
-  }
+  const Tensor local = run_steps(state_->first.finish(), source, *state_->plan, 1);
   return record_redistribute(wrap(local, source, state_->to), source);
 }
 
