@@ -116,21 +116,33 @@ std::pair<double, double> time_mpi_pair(MPI_Comm comm, int iters, FnA a, FnB b) 
 
 #endif
 
-double time_threads(Coll c, int n, int64_t bytes) {
-  double seconds = 0;
-  const int iters = iterations(bytes);
+// Seconds per call of the threads backend for every size, n threads in one launch
+// (rank threads live as long as a program's do). Each size first runs for ~20 ms:
+// freshly started threads share one core until the scheduler spreads them, and
+// a 100-call figure taken before that measures context switches.
+std::vector<double> time_threads(Coll c, int n, const std::vector<int64_t>& sizes) {
+  std::vector<double> seconds(sizes.size(), 0.0);
   launch(n, [&](Group g) {
-    Buffers b(c, bytes, n);
-    run_dtensor(c, g, b);
-    double best = 1e30;
-    for (int trial = 0; trial < kTrials; ++trial) {
-      barrier(g);
-      const auto start = Clock::now();
-      for (int i = 0; i < iters; ++i) run_dtensor(c, g, b);
-      barrier(g);
-      best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iters);
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      Buffers b(c, sizes[s], n);
+      const int iters = iterations(sizes[s]);
+      // Rank 0's clock decides when warming up ends, so all ranks make the same calls.
+      Tensor more = Tensor::ones({1});
+      for (const auto start = Clock::now(); more.item<float>() != 0;) {
+        run_dtensor(c, g, b);
+        if (g.rank() == 0) more.fill_(Clock::now() - start < std::chrono::milliseconds(20) ? 1 : 0);
+        broadcast_(g, more, 0);
+      }
+      double best = 1e30;
+      for (int trial = 0; trial < kTrials; ++trial) {
+        barrier(g);
+        const auto start = Clock::now();
+        for (int i = 0; i < iters; ++i) run_dtensor(c, g, b);
+        barrier(g);
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iters);
+      }
+      if (g.rank() == 0) seconds[s] = best;
     }
-    if (g.rank() == 0) seconds = best;
   });
   return seconds;
 }
@@ -234,7 +246,8 @@ int main(int argc, char** argv) {
     // Threads columns: n threads in process 0; the other processes wait.
     if (rank == 0) {
       for (Coll c : collectives) {
-        for (size_t s = 0; s < sizes.size(); ++s) rows[static_cast<int>(c)][s].thr = time_threads(c, n, sizes[s]);
+        const std::vector<double> seconds = time_threads(c, n, sizes);
+        for (size_t s = 0; s < sizes.size(); ++s) rows[static_cast<int>(c)][s].thr = seconds[s];
       }
     }
 #if DTENSOR_WITH_MPI

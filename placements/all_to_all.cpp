@@ -5,6 +5,8 @@
 // the n pieces of the chunk rule and sends piece j to coordinate j; it receives from
 // j the j-th piece along d, cut to its own piece along e, and stacks them along d.
 // The mesh dim must be the innermost splitter of d and becomes that of e.
+#include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "placements/transform.h"
@@ -75,11 +77,18 @@ class AllToAllTransform final : public Transform {
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
     // When d is the outermost dim, the piece from coordinate j is a contiguous block
     // of rows of the output: receive straight into it.
+    // Equal pieces everywhere is a group-wide fact (the sizes come from the global
+    // shape), so the call can go without split sizes: the equal-split routine.
+    const bool equal = std::adjacent_find(d_sizes.begin(), d_sizes.end(), std::not_equal_to<>()) == d_sizes.end() &&
+                       std::adjacent_find(e_sizes.begin(), e_sizes.end(), std::not_equal_to<>()) == e_sizes.end();
+    const std::vector<int64_t> no_sizes;
+    const std::vector<int64_t>& recv_splits = equal ? no_sizes : recv_counts;
+    const std::vector<int64_t>& send_splits = equal ? no_sizes : send_counts;
     if (d == 0) {
-      all_to_all_into(ctx.mesh.group(m), send, out.view({-1}), recv_counts, send_counts);
+      all_to_all_into(ctx.mesh.group(m), send, out.view({-1}), recv_splits, send_splits);
       return out;
     }
-    Tensor recv = all_to_all(ctx.mesh.group(m), send, recv_counts, send_counts);
+    Tensor recv = all_to_all(ctx.mesh.group(m), send, recv_splits, send_splits);
 
     // Unpack: piece j is this rank's e-piece of coordinate j's d-piece.
     offset = 0;

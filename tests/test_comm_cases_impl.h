@@ -56,7 +56,7 @@ inline void case_all_reduce(const Group& g) {
   COMM_CHECK_EQ(rejected, true);
 }
 
-// Above the threads backend's chunked threshold (and odd, so chunks are uneven).
+// Many of the reduction kernel's blocks per rank (and odd, so ranks' chunks are uneven).
 inline void case_all_reduce_large(const Group& g) {
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}) {
     check_all_reduce(g, DType::F32, op, 50001);
@@ -64,6 +64,21 @@ inline void case_all_reduce_large(const Group& g) {
   }
   check_all_reduce(g, DType::F64, ReduceOp::Min, 20000);
   check_all_reduce(g, DType::I64, ReduceOp::Product, 20000);
+  // Even ranks reduce in place, odd ranks into a new tensor: a rank that writes
+  // peers' outputs must have read every input of that chunk first.
+  const int64_t count = 30001;
+  auto input = [&](int rank, int64_t i) { return input_value(rank, i, ReduceOp::Sum); };
+  std::vector<double> want(count);
+  for (int64_t i = 0; i < count; ++i) {
+    want[i] = expected_reduce(DType::F32, ReduceOp::Sum, g.size(), [&](int rank) { return input(rank, i); });
+  }
+  Tensor mixed = make(DType::F32, {count}, [&](int64_t i) { return input(g.rank(), i); });
+  if (g.rank() % 2 == 0) {
+    all_reduce_(g, mixed, ReduceOp::Sum);
+  } else {
+    mixed = all_reduce(g, mixed, ReduceOp::Sum);
+  }
+  COMM_CHECK_EQ(values(mixed), want);
 }
 
 inline void case_all_gather(const Group& g) {

@@ -158,6 +158,18 @@ TEST(CommThreads, DifferentSizesAndSplitsAreMismatches) {
     std::vector<int64_t> recv = world.rank() == 2 ? std::vector<int64_t>{3, 2, 1} : std::vector<int64_t>{2, 2, 2};
     Tensor out = Tensor::empty({6, 1});
     EXPECT_THROW(all_to_all_async(world, in, out, recv, {2, 2, 2}).wait(), std::invalid_argument);
+    // Split sizes on some ranks and none on others (equal either way) is a mismatch:
+    // on MPI the two are different routines.
+    try {
+      if (world.rank() == 0) all_to_all_into(world, in, out);
+      else all_to_all_into(world, in, out, {2, 2, 2}, {2, 2, 2});
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "rank 0 called all_to_all(f32, counts [2, 2, 2] -> [2, 2, 2], no split sizes)"))
+          << e.what();
+      EXPECT_TRUE(contains(e.what(), "rank 1 called all_to_all(f32, counts [2, 2, 2] -> [2, 2, 2], split sizes given)"))
+          << e.what();
+    }
   });
 }
 

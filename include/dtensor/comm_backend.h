@@ -65,10 +65,12 @@ class GroupImpl {
   virtual WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
                                  int64_t outer, DType dtype, ReduceOp op, bool async) = 0;
   // send_counts[s] elements go to rank s, recv_counts[s] come from it, packed in
-  // rank order in `in` and `out`.
+  // rank order in `in` and `out`. `equal_splits`: every rank of the call has all
+  // counts equal and says so (the same on all ranks), so a backend may use its
+  // equal-split routine (MPI_Alltoall instead of MPI_Alltoallv).
   virtual WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
                              const std::vector<int64_t>& recv_counts, DType dtype,
-                             bool async) = 0;
+                             bool equal_splits, bool async) = 0;
   virtual WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) = 0;
   // counts[r] elements from rank r, packed in rank order in root's `out`.
   virtual WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts,

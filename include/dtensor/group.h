@@ -137,6 +137,9 @@ void reduce_scatter_into(const Group& group, const Tensor& input, const Tensor& 
 // Rank r sends rows [in_off(s), +input_split_sizes[s]) of dim 0 to rank s and
 // receives output_split_sizes[s] rows from it, in rank order. Empty input splits:
 // equal splits. Empty output splits: exchanged (equal when inputs are equal).
+// All ranks must agree on which split sizes they pass (as in PyTorch): a call
+// without any is an equal-split exchange (MPI_Alltoall), one with sizes the
+// general form (MPI_Alltoallv), even where the sizes happen to be equal.
 Tensor all_to_all(const Group& group, const Tensor& input,
                   const std::vector<int64_t>& output_split_sizes = {},
                   const std::vector<int64_t>& input_split_sizes = {});

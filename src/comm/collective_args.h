@@ -4,6 +4,7 @@
 // results into non-contiguous outputs.
 #pragma once
 
+#include <initializer_list>
 #include <numeric>
 #include <vector>
 
@@ -49,6 +50,37 @@ inline GroupImpl& check_input_output(const Group& group, const Tensor& input, co
 inline void check_output_shape(const Tensor& output, const Shape& expected, const char* op) {
   DT_CHECK_ARG(output.shape() == expected, op, "output shape must be ", expected, ", got ",
                output.shape());
+}
+
+inline Shape with_dim(Shape shape, int d, int64_t size) {
+  shape[d] = size;
+  return shape;
+}
+
+// Checks output.shape() == `shape` with dim `d` set to `size` without building it
+// (sync collectives allocate nothing on the way to the backend).
+inline void check_output_shape_with_dim(const Tensor& output, const Shape& shape, int d, int64_t size,
+                                        const char* op) {
+  const Shape& got = output.shape();
+  bool ok = got.size() == shape.size();
+  for (size_t i = 0; ok && i < got.size(); ++i) ok = got[i] == (static_cast<int>(i) == d ? size : shape[i]);
+  if (!ok) check_output_shape(output, with_dim(shape, d, size), op);
+}
+
+// The counts handed to a backend: `sizes` times `inner` (or `n` counts of
+// `each` x `inner` when sizes is empty), in a per-thread buffer `slot` (0 or 1)
+// that later calls reuse. Backends copy what they keep past the call.
+inline const std::vector<int64_t>& backend_counts(int slot, const std::vector<int64_t>& sizes, int n,
+                                                  int64_t each, int64_t inner) {
+  thread_local std::vector<int64_t> buffers[2];
+  std::vector<int64_t>& v = buffers[slot];
+  if (sizes.empty()) {
+    v.assign(n, each * inner);
+  } else {
+    v.assign(sizes.begin(), sizes.end());
+    for (auto& x : v) x *= inner;
+  }
+  return v;
 }
 
 // dst <- src unless they are already the same memory.
@@ -103,19 +135,16 @@ inline bool record_or_finish_alone(const Group& group, const char* op, const Ten
   return true;
 }
 
-inline Work finish(WorkPtr inner, std::vector<Tensor> keep, Output out, bool async) {
-  auto work = std::make_shared<FinishingWork>(std::move(inner), std::move(keep),
-                                              std::vector<Output>{std::move(out)});
+// A sync call completes here without allocating (its cost is compared with raw
+// MPI's); an async one gets a Work that keeps `keep` alive until it is waited for.
+inline Work finish(WorkPtr inner, std::initializer_list<Tensor> keep, Output out, bool async) {
   if (!async) {
-    work->wait();
+    if (inner) inner->wait();
+    if (out.user.defined() && out.needs_copy()) out.user.copy_(out.buffer);
     return Work();
   }
-  return Work(work);
-}
-
-inline Shape with_dim(Shape shape, int d, int64_t size) {
-  shape[d] = size;
-  return shape;
+  return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>(keep),
+                                              std::vector<Output>{std::move(out)}));
 }
 
 inline int64_t product(const Shape& shape, int begin, int end) {

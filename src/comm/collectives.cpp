@@ -35,18 +35,19 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
   const int n = group.size();
   const int d = normalize_dim(dim, std::max<int64_t>(input.dim(), 1), kOp);
   DT_CHECK_ARG(input.dim() >= 1, kOp, "expected a tensor with at least one dim, got a scalar");
-  if (sizes.empty()) sizes.assign(n, input.size(d));
-  DT_CHECK_ARG(static_cast<int>(sizes.size()) == n, kOp, "expected ", n, " sizes (one per rank), got ",
-               sizes.size());
-  DT_CHECK_ARG(sizes[group.rank()] == input.size(d), kOp, "sizes say rank ", group.rank(), " has ",
-               sizes[group.rank()], " along dim ", d, ", its input has ", input.size(d));
-  const Shape expected = with_dim(input.shape(), d, sum(sizes));
-  check_output_shape(output, expected, kOp);
+  DT_CHECK_ARG(sizes.empty() || static_cast<int>(sizes.size()) == n, kOp, "expected ", n,
+               " sizes (one per rank), got ", sizes.size());
+  DT_CHECK_ARG(sizes.empty() || sizes[group.rank()] == input.size(d), kOp, "sizes say rank ",
+               group.rank(), " has ", sizes.empty() ? 0 : sizes[group.rank()], " along dim ", d,
+               ", its input has ", input.size(d));
+  const int64_t total = sizes.empty() ? n * input.size(d) : sum(sizes);
+  check_output_shape_with_dim(output, input.shape(), d, total, kOp);
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = writable(output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
-  WorkPtr w = backend.all_gather(in.data_ptr(), out.buffer.data_ptr(), scaled(sizes, inner),
+  WorkPtr w = backend.all_gather(in.data_ptr(), out.buffer.data_ptr(),
+                                 backend_counts(0, sizes, n, input.size(d), inner),
                                  product(input.shape(), 0, d), in.dtype(), async);
   return finish(std::move(w), {in, out.buffer}, out, async);
 }
@@ -59,17 +60,21 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
   DT_CHECK_ARG(input.dim() >= 1, kOp, "expected a tensor with at least one dim, got a scalar");
   const int n = group.size();
   const int d = normalize_dim(dim, input.dim(), kOp);
-  if (sizes.empty()) sizes = chunk_sizes(input.size(d), n);
-  DT_CHECK_ARG(static_cast<int>(sizes.size()) == n && sum(sizes) == input.size(d), kOp,
+  // Without sizes: equal chunks when the dim divides (the common case, no allocation),
+  // else ceil-sized chunks with the remainder last.
+  const bool even = sizes.empty() && input.size(d) % n == 0;
+  if (sizes.empty() && !even) sizes = chunk_sizes(input.size(d), n);
+  DT_CHECK_ARG(even || (static_cast<int>(sizes.size()) == n && sum(sizes) == input.size(d)), kOp,
                "expected ", n, " sizes summing to ", input.size(d), " (input size along dim ", d,
                "), got ", Shape(sizes));
-  const Shape expected = with_dim(input.shape(), d, sizes[group.rank()]);
-  check_output_shape(output, expected, kOp);
+  const int64_t mine = even ? input.size(d) / n : sizes[group.rank()];
+  check_output_shape_with_dim(output, input.shape(), d, mine, kOp);
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = writable(output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
-  WorkPtr w = backend.reduce_scatter(in.data_ptr(), out.buffer.data_ptr(), scaled(sizes, inner),
+  WorkPtr w = backend.reduce_scatter(in.data_ptr(), out.buffer.data_ptr(),
+                                     backend_counts(0, sizes, n, even ? mine : 0, inner),
                                      product(input.shape(), 0, d), in.dtype(), op, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
 }
@@ -109,8 +114,12 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
   Tensor in = input.contiguous();
   Output out = writable(output);
   const int64_t inner = shape_numel(rest_in);
-  WorkPtr w = backend.all_to_all(in.data_ptr(), scaled(send, inner), out.buffer.data_ptr(),
-                                 scaled(recv, inner), in.dtype(), async);
+  // Neither split given: equal splits, and (the documented contract) no split sizes
+  // on any rank, so backends may use their equal-split routine.
+  const bool equal_splits = in_splits.empty() && out_splits.empty();
+  WorkPtr w = backend.all_to_all(in.data_ptr(), backend_counts(0, send, n, 0, inner),
+                                 out.buffer.data_ptr(), backend_counts(1, recv, n, 0, inner),
+                                 in.dtype(), equal_splits, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
 }
 
@@ -256,7 +265,7 @@ Tensor all_to_all(const Group& group, const Tensor& input, const std::vector<int
                  " input split sizes, got ", Shape(input_split_sizes));
     recv.assign(n, 0);
     const std::vector<int64_t> ones(n, 1);
-    group.impl()->all_to_all(input_split_sizes.data(), ones, recv.data(), ones, DType::I64, false);
+    group.impl()->all_to_all(input_split_sizes.data(), ones, recv.data(), ones, DType::I64, true, false);
   }
   const int64_t rows = recv.empty() ? input.size(0) : sum(recv);
   Tensor output = Tensor::empty(with_dim(input.shape(), 0, rows), input.dtype());

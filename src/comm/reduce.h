@@ -21,6 +21,12 @@ void check_reduce_supported(DType dtype, ReduceOp op, const char* op_name);
 void reduce_sources(DType dtype, ReduceOp op, void* dst, const void* const* srcs, int n,
                     int64_t count);
 
+// The same result stored to each of `ndst` destinations (one pass over the
+// sources). A destination may be one of the sources. `stream`: non-temporal
+// stores, for results that do not fit in the last-level cache anyway.
+void reduce_sources(DType dtype, ReduceOp op, void* const* dsts, int ndst,
+                    const void* const* srcs, int n, int64_t count, bool stream);
+
 // data[i] /= divisor (floating dtypes only): the Avg step of backends that sum.
 void divide_by(DType dtype, void* data, int64_t count, int64_t divisor);
 

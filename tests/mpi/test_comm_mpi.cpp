@@ -99,6 +99,21 @@ TEST(CommMpiDebug, MismatchedCallsNameBothCalls) {
     EXPECT_TRUE(contains(e.what(), "ranks made different calls in group 'world'")) << e.what();
     EXPECT_TRUE(contains(e.what(), other)) << e.what();
   }
+  // Split sizes on one rank and none on the other: MPI_Alltoallv against MPI_Alltoall.
+  const int n = world.size();
+  Tensor in = Tensor::ones({2 * n}), out = Tensor::empty({2 * n});
+  try {
+    if (world.rank() == 0) {
+      all_to_all_into(world, in, out);
+    } else {
+      all_to_all_into(world, in, out, std::vector<int64_t>(n, 2), std::vector<int64_t>(n, 2));
+    }
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), world.rank() == 0 ? "all_to_all(f32, split sizes given)"
+                                                     : "all_to_all(f32, no split sizes)"))
+        << e.what();
+  }
   barrier(world);
 }
 

@@ -59,6 +59,10 @@ struct CountsAndDispls {
   }
 };
 
+bool all_equal(const std::vector<int64_t>& v) {
+  return std::all_of(v.begin(), v.end(), [&](int64_t c) { return c == v[0]; });
+}
+
 // What a non-blocking call needs until it completes (MPI reads the count arrays
 // of the v-variants during the operation).
 struct Scratch {
@@ -121,11 +125,22 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   WorkPtr all_gather(const void* in, void* out, const std::vector<int64_t>& counts, int64_t outer,
                      DType dtype, bool async) override {
     const char* op = "all_gather";
+    const size_t esize = dtype_size(dtype);
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    if (outer == 1 && all_equal(counts)) {
+      // The common case needs no count arrays and no scratch.
+      fingerprint(CallKind::AllGather, dtype, counts[0] * size_, 0, ReduceOp::Sum);
+      const int mine = to_int(counts[0], op);
+      const void* send = in == static_cast<const std::byte*>(out) + rank_ * counts[0] * esize ? MPI_IN_PLACE : in;
+      return issue(op, async, nullptr, nullptr,
+                   [=] { return MPI_Allgather(send, mine, type, out, mine, type, comm); },
+                   [=](MPI_Request* r) { return MPI_Iallgather(send, mine, type, out, mine, type, comm, r); });
+    }
     auto s = std::make_shared<Scratch>();
     s->a = std::make_unique<CountsAndDispls>(counts, outer, op);
     const int64_t total = s->a->displs.back() + s->a->counts.back();
     fingerprint(CallKind::AllGather, dtype, total, 0, ReduceOp::Sum);
-    const size_t esize = dtype_size(dtype);
     const CountsAndDispls& cd = *s->a;
     void* recv = out;
     std::function<void()> after;
@@ -150,8 +165,6 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
         outer == 1 && in == static_cast<const std::byte*>(out) + cd.displs[rank_] * esize;
     const void* send = in_place ? MPI_IN_PLACE : in;
     const int mine = cd.counts[rank_];
-    const MPI_Datatype type = mpi_datatype(dtype);
-    MPI_Comm comm = comm_;
     if (cd.equal()) {
       return issue(op, async, s, after,
                    [=] { return MPI_Allgather(send, mine, type, recv, mine, type, comm); },
@@ -173,6 +186,18 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
                          int64_t outer, DType dtype, ReduceOp op, bool async) override {
     const char* name = "reduce_scatter";
+    const MPI_Datatype type = mpi_datatype(dtype);
+    const MPI_Op mop = mpi_op(dtype, op);
+    MPI_Comm comm = comm_;
+    std::function<void()> after;
+    if (outer == 1 && all_equal(counts)) {
+      fingerprint(CallKind::ReduceScatter, dtype, counts[0] * size_, 0, op);
+      const int c = to_int(counts[0], name);
+      if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, c, n); };
+      return issue(name, async, nullptr, std::move(after),
+                   [=] { return MPI_Reduce_scatter_block(in, out, c, type, mop, comm); },
+                   [=](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, c, type, mop, comm, r); });
+    }
     auto s = std::make_shared<Scratch>();
     s->a = std::make_unique<CountsAndDispls>(counts, outer, name);
     const CountsAndDispls& cd = *s->a;
@@ -195,10 +220,6 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
       }
       send = s->bytes.data();
     }
-    const MPI_Datatype type = mpi_datatype(dtype);
-    const MPI_Op mop = mpi_op(dtype, op);
-    MPI_Comm comm = comm_;
-    std::function<void()> after;
     const int64_t mine = cd.counts[rank_];
     if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, mine, n); };
     if (cd.equal()) {
@@ -217,18 +238,27 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   }
 
   WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
-                     const std::vector<int64_t>& recv_counts, DType dtype, bool async) override {
+                     const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits,
+                     bool async) override {
     const char* op = "all_to_all";
-    fingerprint(CallKind::AllToAll, dtype, 0, 0, ReduceOp::Sum);
+    // The count slot of the fingerprint says whether split sizes were given: all
+    // ranks must call the same MPI routine.
+    fingerprint(CallKind::AllToAll, dtype, equal_splits ? 0 : 1, 0, ReduceOp::Sum);
+    const MPI_Datatype type = mpi_datatype(dtype);
+    MPI_Comm comm = comm_;
+    if (equal_splits) {
+      const int send = to_int(send_counts[0], op), recv = to_int(recv_counts[0], op);
+      return issue(op, async, nullptr, nullptr,
+                   [=] { return MPI_Alltoall(in, send, type, out, recv, type, comm); },
+                   [=](MPI_Request* r) { return MPI_Ialltoall(in, send, type, out, recv, type, comm, r); });
+    }
     auto s = std::make_shared<Scratch>();
     s->a = std::make_unique<CountsAndDispls>(send_counts, 1, op);
     s->b = std::make_unique<CountsAndDispls>(recv_counts, 1, op);
     const CountsAndDispls& sd = *s->a;
     const CountsAndDispls& rd = *s->b;
-    const MPI_Datatype type = mpi_datatype(dtype);
-    MPI_Comm comm = comm_;
-    // Always the v-form: whether splits are equal is a per-rank fact, and all ranks
-    // must call the same MPI function.
+    // Split sizes given: the v-form, even if this rank's happen to be equal (another
+    // rank's may not be, and all ranks must call the same MPI routine).
     return issue(op, async, s, nullptr,
                  [=, &sd, &rd] {
                    return MPI_Alltoallv(in, sd.counts.data(), sd.displs.data(), type, out,
@@ -306,8 +336,10 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
                 MPI_Status* statuses = MPI_STATUSES_IGNORE) const;
 
  private:
-  using Blocking = std::function<int()>;
-  using Start = std::function<int(MPI_Request*)>;
+  // Runs `blocking()` (sync) or `start(&request)` (async, or sync with a timeout to
+  // enforce); `after` runs once the call completed. Templates, not std::function:
+  // a sync call must cost what the raw MPI call costs.
+  template <class Blocking, class Start>
   WorkPtr issue(const char* op, bool async, std::shared_ptr<Scratch> scratch,
                 std::function<void()> after, const Blocking& blocking, const Start& start);
   void fingerprint(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op);
@@ -387,6 +419,10 @@ class MPIWork final : public WorkImpl {
 };
 
 std::string describe_fingerprint(const int64_t* f) {
+  if (static_cast<CallKind>(f[0]) == CallKind::AllToAll) {
+    return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])),
+                          f[2] ? ", split sizes given)" : ", no split sizes)");
+  }
   return detail::concat(call_kind_name(static_cast<CallKind>(f[0])), "(",
                         dtype_name(static_cast<DType>(f[1])), ", ", f[2], " elements, root ", f[3],
                         ", ", reduce_op_name(static_cast<ReduceOp>(f[4])), ")");
@@ -429,6 +465,7 @@ void MPIGroup::wait_all(std::vector<MPI_Request>& requests, const char* op,
   }
 }
 
+template <class Blocking, class Start>
 WorkPtr MPIGroup::issue(const char* op, bool async, std::shared_ptr<Scratch> scratch,
                         std::function<void()> after, const Blocking& blocking, const Start& start) {
   if (!async && !enforce_timeout()) {

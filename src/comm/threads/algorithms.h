@@ -10,19 +10,16 @@
 
 namespace dtensor::comm::threads {
 
-// Below this many bytes per rank, all_reduce reads every peer's whole buffer
-// (one phase); above, each rank reduces one chunk and then copies the others'
-// (two phases, n times less reading). Measured on 2 ranks (docs/communication.md).
-inline constexpr int64_t kAllReduceChunkedMinBytes = 64 * 1024;
-
-void all_reduce_direct(ThreadsGroup& group);
-void all_reduce_chunked(ThreadsGroup& group);
+void all_reduce_owner(ThreadsGroup& group);
 void all_gather_direct(ThreadsGroup& group);
 void reduce_scatter_direct(ThreadsGroup& group);
 void all_to_all_direct(ThreadsGroup& group);
 void broadcast_direct(ThreadsGroup& group);
 void gather_direct(ThreadsGroup& group);
 void scatter_direct(ThreadsGroup& group);
+
+// Size of the last-level cache (sysconf; 32 MiB where it does not say).
+int64_t last_level_cache_bytes();
 
 // Offsets of packed per-rank counts: offsets[r] = counts[0] + ... + counts[r-1].
 std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts);

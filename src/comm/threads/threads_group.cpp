@@ -2,7 +2,6 @@
 #include "comm/threads/threads_group.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <sstream>
 
 #include "comm/threads/algorithms.h"
@@ -86,7 +85,10 @@ std::string CallDesc::to_string() const {
       break;
     default: {
       os << dtype_name(dtype) << ", counts " << shape_to_string(counts);
-      if (kind == CallKind::AllToAll) os << " -> " << shape_to_string(recv_counts);
+      if (kind == CallKind::AllToAll) {
+        os << " -> " << shape_to_string(recv_counts)
+           << (equal_splits ? ", no split sizes" : ", split sizes given");
+      }
       if (outer != 1) os << " x " << outer << " rows";
       if (kind == CallKind::ReduceScatter) os << ", " << reduce_op_name(op);
       if (kind == CallKind::Gather || kind == CallKind::Scatter) os << ", root " << root;
@@ -106,7 +108,8 @@ bool same_call(const CallDesc& a, const CallDesc& b) {
     case CallKind::AllReduce: return a.dtype == b.dtype && a.count == b.count && a.op == b.op;
     case CallKind::Broadcast:
       return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
-    case CallKind::AllToAll: return a.dtype == b.dtype;  // pairs checked separately
+    case CallKind::AllToAll:  // pairs checked separately
+      return a.dtype == b.dtype && a.equal_splits == b.equal_splits;
     default:
       return a.dtype == b.dtype && a.counts == b.counts && a.outer == b.outer && a.op == b.op &&
              a.root == b.root;
@@ -331,20 +334,6 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
 // ---- ThreadsGroup: collectives ---------------------------------------------------------
 
 namespace {
-// DTENSOR_THREADS_ALL_REDUCE=direct|chunked forces one algorithm (to measure the
-// switch point); anything else, or unset, chooses by size.
-enum class AllReduceChoice { BySize, Direct, Chunked };
-AllReduceChoice all_reduce_choice() {
-  static const AllReduceChoice choice = [] {
-    const char* env = std::getenv("DTENSOR_THREADS_ALL_REDUCE");
-    const std::string value = env ? env : "";
-    if (value == "direct") return AllReduceChoice::Direct;
-    if (value == "chunked") return AllReduceChoice::Chunked;
-    return AllReduceChoice::BySize;
-  }();
-  return choice;
-}
-
 std::shared_ptr<CallDesc> make_desc(CallKind kind, DType dtype, const void* in, void* out) {
   auto d = std::make_shared<CallDesc>();
   d->kind = kind;
@@ -360,12 +349,7 @@ WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType
   auto d = make_desc(CallKind::AllReduce, dtype, in, out);
   d->count = count;
   d->op = op;
-  // Same choice on every rank: it depends only on arguments checked to match.
-  const AllReduceChoice choice = all_reduce_choice();
-  const bool chunked = choice == AllReduceChoice::BySize
-                           ? count * static_cast<int64_t>(dtype_size(dtype)) >= kAllReduceChunkedMinBytes
-                           : choice == AllReduceChoice::Chunked;
-  return run(d, async, chunked ? all_reduce_chunked : all_reduce_direct);
+  return run(d, async, all_reduce_owner);
 }
 
 WorkPtr ThreadsGroup::all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
@@ -386,10 +370,12 @@ WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vecto
 }
 
 WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
-                                 const std::vector<int64_t>& recv_counts, DType dtype, bool async) {
+                                 const std::vector<int64_t>& recv_counts, DType dtype,
+                                 bool equal_splits, bool async) {
   auto d = make_desc(CallKind::AllToAll, dtype, in, out);
   d->counts = send_counts;
   d->recv_counts = recv_counts;
+  d->equal_splits = equal_splits;
   return run(d, async, all_to_all_direct);
 }
 

@@ -59,6 +59,7 @@ struct CallDesc {
   // Owned (not pointers to the caller's arguments) so async calls can outlive them.
   std::vector<int64_t> counts;       // per rank (send counts for all_to_all)
   std::vector<int64_t> recv_counts;  // all_to_all
+  bool equal_splits = false;         // all_to_all: called without split sizes
   int color = 0, key = 0;                             // split
   std::string to_string() const;  // "all_reduce(f32, 1024 elements, sum)"
 };
@@ -109,7 +110,8 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
                          int64_t outer, DType dtype, ReduceOp op, bool async) override;
   WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
-                     const std::vector<int64_t>& recv_counts, DType dtype, bool async) override;
+                     const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits,
+                     bool async) override;
   WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override;
   WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
                  int root, bool async) override;
