@@ -171,7 +171,8 @@ void rendezvous_without_spinning() {
   MPI_Ibarrier(MPI_COMM_WORLD, &request);
   for (int done = 0; !done;) {
     MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // Long sleeps: every wake-up of a waiting process preempts a measuring thread.
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
 

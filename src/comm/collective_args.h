@@ -125,6 +125,39 @@ class FinishingWork final : public WorkImpl {
   bool finished_ = false;
 };
 
+// The buffers a backend reads and writes for one input and one output: the
+// caller's tensors themselves when contiguous (no handle copies: a sync call
+// should cost what the raw backend call costs), else contiguous stand-ins.
+class CallBuffers {
+ public:
+  CallBuffers(const Tensor& input, const Tensor& output) : input_(input), output_(output) {
+    if (!input.is_contiguous()) in_copy_ = input.contiguous();
+    if (!output.is_contiguous()) out_copy_ = Tensor::empty(output.shape(), output.dtype());
+  }
+  const Tensor& in() const { return in_copy_.defined() ? in_copy_ : input_; }
+  const Tensor& out() const { return out_copy_.defined() ? out_copy_ : output_; }
+  // In place on a non-contiguous tensor: work in place on its contiguous copy.
+  void reuse_input_copy_for_output() {
+    if (out_copy_.defined() && output_.data_ptr() == input_.data_ptr()) out_copy_ = in_copy_;
+  }
+  // Sync: waits and copies a stand-in's result into the output. Async: a Work that
+  // keeps the buffers alive and does that when waited for.
+  Work finish(WorkPtr inner, bool async) const {
+    if (!async) {
+      if (inner) inner->wait();
+      if (out_copy_.defined()) Tensor(output_).copy_(out_copy_);
+      return Work();
+    }
+    return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>{in(), out()},
+                                                std::vector<Output>{Output{output_, out()}}));
+  }
+
+ private:
+  const Tensor& input_;
+  const Tensor& output_;
+  Tensor in_copy_, out_copy_;
+};
+
 // Counts the call; on a group of size 1 also does its whole work (a copy) and
 // returns true.
 inline bool record_or_finish_alone(const Group& group, const char* op, const Tensor& input,

@@ -20,12 +20,10 @@ Work all_reduce_impl(const Group& group, const Tensor& input, const Tensor& outp
                input.shape(), ", got ", output.shape());
   comm::check_reduce_supported(input.dtype(), op, kOp);
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
-  Tensor in = input.contiguous();
-  Output out = writable(output);
-  // In place on a non-contiguous tensor: reduce in place on its contiguous copy.
-  if (out.needs_copy() && output.data_ptr() == input.data_ptr()) out.buffer = in;
-  WorkPtr w = backend.all_reduce(in.data_ptr(), out.buffer.data_ptr(), in.numel(), in.dtype(), op, async);
-  return finish(std::move(w), {in, out.buffer}, out, async);
+  CallBuffers b(input, output);
+  b.reuse_input_copy_for_output();
+  WorkPtr w = backend.all_reduce(b.in().data_ptr(), b.out().data_ptr(), input.numel(), input.dtype(), op, async);
+  return b.finish(std::move(w), async);
 }
 
 Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& output, int64_t dim,
@@ -43,13 +41,12 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
   const int64_t total = sizes.empty() ? n * input.size(d) : sum(sizes);
   check_output_shape_with_dim(output, input.shape(), d, total, kOp);
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
-  Tensor in = input.contiguous();
-  Output out = writable(output);
+  CallBuffers b(input, output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
-  WorkPtr w = backend.all_gather(in.data_ptr(), out.buffer.data_ptr(),
+  WorkPtr w = backend.all_gather(b.in().data_ptr(), b.out().data_ptr(),
                                  backend_counts(0, sizes, n, input.size(d), inner),
-                                 product(input.shape(), 0, d), in.dtype(), async);
-  return finish(std::move(w), {in, out.buffer}, out, async);
+                                 product(input.shape(), 0, d), input.dtype(), async);
+  return b.finish(std::move(w), async);
 }
 
 Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
@@ -70,13 +67,12 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
   const int64_t mine = even ? input.size(d) / n : sizes[group.rank()];
   check_output_shape_with_dim(output, input.shape(), d, mine, kOp);
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
-  Tensor in = input.contiguous();
-  Output out = writable(output);
+  CallBuffers b(input, output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
-  WorkPtr w = backend.reduce_scatter(in.data_ptr(), out.buffer.data_ptr(),
+  WorkPtr w = backend.reduce_scatter(b.in().data_ptr(), b.out().data_ptr(),
                                      backend_counts(0, sizes, n, even ? mine : 0, inner),
-                                     product(input.shape(), 0, d), in.dtype(), op, async);
-  return finish(std::move(w), {in, out.buffer}, out, async);
+                                     product(input.shape(), 0, d), input.dtype(), op, async);
+  return b.finish(std::move(w), async);
 }
 
 // Split sizes of all_to_all: given, or equal when empty.
@@ -111,16 +107,15 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
   DT_CHECK_ARG(rest_in == rest_out, kOp, "input and output must agree after dim 0, got ",
                input.shape(), " and ", output.shape());
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
-  Tensor in = input.contiguous();
-  Output out = writable(output);
+  CallBuffers b(input, output);
   const int64_t inner = shape_numel(rest_in);
   // Neither split given: equal splits, and (the documented contract) no split sizes
   // on any rank, so backends may use their equal-split routine.
   const bool equal_splits = in_splits.empty() && out_splits.empty();
-  WorkPtr w = backend.all_to_all(in.data_ptr(), backend_counts(0, send, n, 0, inner),
-                                 out.buffer.data_ptr(), backend_counts(1, recv, n, 0, inner),
-                                 in.dtype(), equal_splits, async);
-  return finish(std::move(w), {in, out.buffer}, out, async);
+  WorkPtr w = backend.all_to_all(b.in().data_ptr(), backend_counts(0, send, n, 0, inner),
+                                 b.out().data_ptr(), backend_counts(1, recv, n, 0, inner),
+                                 input.dtype(), equal_splits, async);
+  return b.finish(std::move(w), async);
 }
 
 }  // namespace
