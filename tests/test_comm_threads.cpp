@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "test_comm_cases.h"
+#include "test_helpers.h"
 
 using namespace dtensor;
 using namespace std::chrono_literals;
@@ -264,6 +265,19 @@ TEST(CommThreads, UndefinedGroupAndBadArgumentsAreRejected) {
     EXPECT_THROW(send(world, Tensor::ones({1}), 5), std::invalid_argument);
     EXPECT_THROW(all_gather_async(world, Tensor::ones({2}), Tensor::empty({3})), std::invalid_argument);
     EXPECT_THROW(reduce_scatter(world, Tensor::ones({4}), ReduceOp::Sum, 0, {1, 1}), std::invalid_argument);
+    EXPECT_THROW_MSG(all_gather(world, Tensor::ones({2, 3}), 0, {5, 5}), std::invalid_argument,
+                     "sizes say rank " + std::to_string(world.rank()));
+    EXPECT_THROW_MSG(all_gather_into(world, Tensor::ones({2, 3}), Tensor::empty({4, 2})),
+                     std::invalid_argument, "output shape must be [4, 3], got [4, 2]");
+    // all_to_all: an odd dim 0 without split sizes, a wrong number of sizes, a wrong sum.
+    EXPECT_THROW_MSG(all_to_all(world, Tensor::ones({3})), std::invalid_argument,
+                     "without input split sizes, dim 0 (3) must divide by the group size 2");
+    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4}), Tensor::empty({4}), {2, 2}, {4}),
+                     std::invalid_argument, "expected 2 input split sizes, got [4]");
+    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4}), Tensor::empty({4}), {1, 2}, {2, 2}),
+                     std::invalid_argument, "split sizes must sum to dim 0: output [4] with [1, 2]");
+    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4, 2}), Tensor::empty({4, 3})),
+                     std::invalid_argument, "input and output must agree after dim 0");
   });
 }
 

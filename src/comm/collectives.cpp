@@ -75,13 +75,18 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
   return b.finish(std::move(w), async);
 }
 
-// Split sizes of all_to_all: given, or equal when empty.
-std::vector<int64_t> splits_or_equal(const std::vector<int64_t>& splits, int64_t total, int n,
-                                     const char* what) {
-  if (!splits.empty()) return splits;
-  DT_CHECK_ARG(total % n == 0, "all_to_all", "without ", what, " split sizes, dim 0 (", total,
-               ") must divide by the group size ", n);
-  return std::vector<int64_t>(n, total / n);
+// Checks all_to_all split sizes against dim 0 (`total`); empty means equal splits.
+void check_splits(const std::vector<int64_t>& splits, int64_t total, int n, const char* what,
+                  const Tensor& t) {
+  if (splits.empty()) {
+    DT_CHECK_ARG(total % n == 0, "all_to_all", "without ", what, " split sizes, dim 0 (", total,
+                 ") must divide by the group size ", n);
+    return;
+  }
+  DT_CHECK_ARG(static_cast<int>(splits.size()) == n, "all_to_all", "expected ", n, " ", what,
+               " split sizes, got ", Shape(splits));
+  DT_CHECK_ARG(sum(splits) == total, "all_to_all", "split sizes must sum to dim 0: ", what, " ",
+               t.shape(), " with ", Shape(splits));
 }
 
 Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& output,
@@ -93,27 +98,20 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
                "expected input and output with the same number (>= 1) of dims, got ",
                input.shape(), " and ", output.shape());
   const int n = group.size();
-  for (const auto* splits : {&in_splits, &out_splits}) {
-    DT_CHECK_ARG(splits->empty() || static_cast<int>(splits->size()) == n, kOp, "expected ", n,
-                 " split sizes, got ", Shape(*splits));
-  }
-  const auto send = splits_or_equal(in_splits, input.size(0), n, "input");
-  const auto recv = splits_or_equal(out_splits, output.size(0), n, "output");
-  DT_CHECK_ARG(sum(send) == input.size(0) && sum(recv) == output.size(0), kOp,
-               "split sizes must sum to dim 0: input ", input.shape(), " with ", Shape(send),
-               ", output ", output.shape(), " with ", Shape(recv));
-  Shape rest_in(input.shape().begin() + 1, input.shape().end());
-  Shape rest_out(output.shape().begin() + 1, output.shape().end());
-  DT_CHECK_ARG(rest_in == rest_out, kOp, "input and output must agree after dim 0, got ",
-               input.shape(), " and ", output.shape());
+  check_splits(in_splits, input.size(0), n, "input", input);
+  check_splits(out_splits, output.size(0), n, "output", output);
+  DT_CHECK_ARG(std::equal(input.shape().begin() + 1, input.shape().end(), output.shape().begin() + 1,
+                          output.shape().end()),
+               kOp, "input and output must agree after dim 0, got ", input.shape(), " and ",
+               output.shape());
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   CallBuffers b(input, output);
-  const int64_t inner = shape_numel(rest_in);
+  const int64_t inner = product(input.shape(), 1, static_cast<int>(input.dim()));
   // Neither split given: equal splits, and (the documented contract) no split sizes
   // on any rank, so backends may use their equal-split routine.
   const bool equal_splits = in_splits.empty() && out_splits.empty();
-  WorkPtr w = backend.all_to_all(b.in().data_ptr(), backend_counts(0, send, n, 0, inner),
-                                 b.out().data_ptr(), backend_counts(1, recv, n, 0, inner),
+  WorkPtr w = backend.all_to_all(b.in().data_ptr(), backend_counts(0, in_splits, n, input.size(0) / n, inner),
+                                 b.out().data_ptr(), backend_counts(1, out_splits, n, output.size(0) / n, inner),
                                  input.dtype(), equal_splits, async);
   return b.finish(std::move(w), async);
 }
