@@ -147,11 +147,8 @@ ThreadsGroup::ThreadsGroup(std::shared_ptr<Shared> shared, int rank, std::string
 
 ThreadsGroup::~ThreadsGroup() {
   if (!worker_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(queue_->mutex);
-    queue_->stop = true;
-  }
-  queue_->cv.notify_all();
+  queue_->stop.store(true);
+  queue_->work.notify();
   // The last task may hold the last reference, so this can run on the worker itself.
   if (worker_.get_id() == std::this_thread::get_id()) {
     worker_.detach();
@@ -236,8 +233,8 @@ void ThreadsGroup::run_now(const CallDesc& desc, const Algorithm& algorithm) {
 
 void ThreadsGroup::drain_async() {
   if (!queue_) return;
-  std::unique_lock<std::mutex> lock(queue_->mutex);
-  queue_->cv.wait(lock, [&] { return queue_->tasks.empty() && !queue_->busy; });
+  queue_->idle.wait([&] { return queue_->outstanding.load(std::memory_order_acquire) == 0; },
+                    [] { return false; }, Clock::time_point::max());
 }
 
 WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm algorithm) {
@@ -251,25 +248,26 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
     queue_ = std::make_shared<AsyncQueue>();
     shared_->world->worker_started();
     worker_ = std::thread([queue = queue_, world = shared_->world] {
-      std::unique_lock<std::mutex> lock(queue->mutex);
       while (true) {
-        queue->cv.wait(lock, [&] { return queue->stop || !queue->tasks.empty(); });
-        if (queue->tasks.empty()) break;
-        std::function<void()> task = std::move(queue->tasks.front());
-        queue->tasks.pop_front();
-        queue->busy = true;
-        lock.unlock();
+        queue->work.wait([&] { return queue->queued.load(std::memory_order_acquire) > 0 || queue->stop.load(); },
+                         [] { return false; }, Clock::time_point::max());
+        std::function<void()> task;
+        {
+          std::lock_guard<std::mutex> lock(queue->mutex);
+          if (queue->tasks.empty()) break;  // stopped with nothing left to run
+          task = std::move(queue->tasks.front());
+          queue->tasks.pop_front();
+          queue->queued.fetch_sub(1);
+        }
         task();
-        task = nullptr;  // may destroy the group: not under the lock
-        lock.lock();
-        queue->busy = false;
-        queue->cv.notify_all();
+        task = nullptr;  // may destroy the group
+        if (queue->outstanding.fetch_sub(1) == 1) queue->idle.notify();
       }
-      lock.unlock();
       world->worker_finished();
     });
   }
   auto work = std::make_shared<ThreadsWork>();
+  queue_->outstanding.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
     queue_->tasks.push_back([self = shared_from_this(), desc, algorithm = std::move(algorithm), work] {
@@ -280,8 +278,9 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
         work->finish(std::current_exception());
       }
     });
+    queue_->queued.fetch_add(1);
   }
-  queue_->cv.notify_all();
+  queue_->work.notify();
   return work;
 }
 

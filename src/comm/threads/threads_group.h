@@ -85,12 +85,18 @@ struct Shared {
 };
 
 // Runs async collectives of one rank and group in order, on a thread of its own.
+// The worker and drain_async wait through Signals (spin, yield, then sleep; see
+// signal.h): a collective issued soon after the previous one starts within
+// microseconds instead of after a sleeping thread's wake-up (36 -> 9 us for a
+// tiny async all-reduce and its wait).
 struct AsyncQueue {
-  std::mutex mutex;
-  std::condition_variable cv;
+  std::mutex mutex;  // guards tasks
   std::deque<std::function<void()>> tasks;
-  bool busy = false;
-  bool stop = false;
+  std::atomic<int> queued{0};       // tasks in the deque
+  std::atomic<int> outstanding{0};  // queued or running
+  std::atomic<bool> stop{false};
+  Signal work;  // the worker waits here for tasks (or stop)
+  Signal idle;  // drain_async waits here for outstanding == 0
 };
 
 class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this<ThreadsGroup> {
