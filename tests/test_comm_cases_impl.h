@@ -46,6 +46,16 @@ inline void case_all_reduce(const Group& g) {
                               [&](int rank) { return input_value(rank, i, ReduceOp::Sum); });
   }
   COMM_CHECK_EQ(values(base), want);
+  // Into a transposed view of its own contiguous input: the result must come from
+  // the intact input, then land transposed.
+  Tensor square = make(DType::F32, {2, 2}, [&](int64_t i) { return input_value(g.rank(), i, ReduceOp::Sum); });
+  std::vector<double> want_t(4);
+  for (int64_t i = 0; i < 4; ++i) {
+    want_t[(i % 2) * 2 + i / 2] = expected_reduce(DType::F32, ReduceOp::Sum, g.size(),
+                                                  [&](int rank) { return input_value(rank, i, ReduceOp::Sum); });
+  }
+  all_reduce_into(g, square, square.t(), ReduceOp::Sum);
+  COMM_CHECK_EQ(values(square), want_t);
   // Avg on integers is the caller's mistake, reported before any communication.
   bool rejected = false;
   try {

@@ -87,7 +87,8 @@ inline const std::vector<int64_t>& backend_counts(int slot, const std::vector<in
 inline void copy_into(const Tensor& dst, const Tensor& src) {
   if (dst.data_ptr() == src.data_ptr() && dst.is_contiguous() && src.is_contiguous()) return;
   Tensor handle = dst;  // a handle copy: copy_ writes the shared storage
-  handle.copy_(src);
+  // Overlapping views (a transpose of the source, say): copy from a snapshot.
+  handle.copy_(dst.shares_storage(src) ? src.clone() : src);
 }
 
 // Where a backend writes a result: the output itself when contiguous, else a
@@ -128,6 +129,7 @@ class FinishingWork final : public WorkImpl {
 // The buffers a backend reads and writes for one input and one output: the
 // caller's tensors themselves when contiguous (no handle copies: a sync call
 // should cost what the raw backend call costs), else contiguous stand-ins.
+// Holds references to the caller's arguments: lives inside one collective call.
 class CallBuffers {
  public:
   CallBuffers(const Tensor& input, const Tensor& output) : input_(input), output_(output) {
@@ -136,9 +138,14 @@ class CallBuffers {
   }
   const Tensor& in() const { return in_copy_.defined() ? in_copy_ : input_; }
   const Tensor& out() const { return out_copy_.defined() ? out_copy_ : output_; }
-  // In place on a non-contiguous tensor: work in place on its contiguous copy.
+  // In place on a non-contiguous tensor (output and input the same view): work in
+  // place on the input's contiguous copy. An output that overlaps the input
+  // differently keeps its own stand-in, filled from the intact input.
   void reuse_input_copy_for_output() {
-    if (out_copy_.defined() && output_.data_ptr() == input_.data_ptr()) out_copy_ = in_copy_;
+    if (out_copy_.defined() && in_copy_.defined() && output_.data_ptr() == input_.data_ptr() &&
+        output_.shape() == input_.shape() && output_.strides() == input_.strides()) {
+      out_copy_ = in_copy_;
+    }
   }
   // Sync: waits and copies a stand-in's result into the output. Async: a Work that
   // keeps the buffers alive and does that when waited for.

@@ -53,8 +53,10 @@ struct And { bool operator()(bool a, bool b) const { return a && b; } };
 
 // The reduction loops are compiled twice, for AVX2 and for the baseline, and the
 // loader picks one per machine (GCC/Clang function multiversioning): the library
-// stays portable, and AVX2 made the 1 MiB all-reduce 16% faster here.
-#if defined(__x86_64__) && defined(__GNUC__)
+// stays portable, and AVX2 made the 1 MiB all-reduce 16% faster here. GCC on
+// glibc only: Clang does not multiversion templates, and the loader's choice needs
+// ifunc (glibc, ELF).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && defined(__ELF__)
 #define DTENSOR_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define DTENSOR_SIMD_CLONES
@@ -167,7 +169,9 @@ DTENSOR_SIMD_CLONES void reduce_direct(T* const* dsts, int ndst, const T* const*
         for (int64_t j = 0; j < len; ++j) d0[j] /= static_cast<T>(divisor);
       }
     }
-    for (int d = 1; d < ndst; ++d) std::memcpy(dsts[d] + base, d0, len * sizeof(T));
+    for (int d = 1; d < ndst; ++d) {
+      if (dsts[d] + base != d0) std::memcpy(dsts[d] + base, d0, len * sizeof(T));
+    }
   }
 }
 

@@ -111,7 +111,7 @@ TEST(CommMpiDebug, MismatchedCallsNameBothCalls) {
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_TRUE(contains(e.what(), world.rank() == 0 ? "all_to_all(f32, split sizes given)"
-                                                     : "all_to_all(f32, no split sizes)"))
+                                                     : "all_to_all(f32, no split sizes, 2 elements to each rank)"))
         << e.what();
   }
   barrier(world);

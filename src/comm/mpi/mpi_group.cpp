@@ -241,9 +241,10 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
                      const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits,
                      bool async) override {
     const char* op = "all_to_all";
-    // The count slot of the fingerprint says whether split sizes were given: all
-    // ranks must call the same MPI routine.
-    fingerprint(CallKind::AllToAll, dtype, equal_splits ? 0 : 1, 0, ReduceOp::Sum);
+    // The count slot of the fingerprint: the elements each rank sends each peer with
+    // equal splits (the same everywhere), -1 when split sizes were given. All ranks
+    // must call the same MPI routine.
+    fingerprint(CallKind::AllToAll, dtype, equal_splits ? send_counts[0] : -1, 0, ReduceOp::Sum);
     const MPI_Datatype type = mpi_datatype(dtype);
     MPI_Comm comm = comm_;
     if (equal_splits) {
@@ -420,8 +421,9 @@ class MPIWork final : public WorkImpl {
 
 std::string describe_fingerprint(const int64_t* f) {
   if (static_cast<CallKind>(f[0]) == CallKind::AllToAll) {
-    return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])),
-                          f[2] ? ", split sizes given)" : ", no split sizes)");
+    if (f[2] < 0) return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])), ", split sizes given)");
+    return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])), ", no split sizes, ", f[2],
+                          " elements to each rank)");
   }
   return detail::concat(call_kind_name(static_cast<CallKind>(f[0])), "(",
                         dtype_name(static_cast<DType>(f[1])), ", ", f[2], " elements, root ", f[3],

@@ -18,7 +18,7 @@ void broadcast_direct(ThreadsGroup& group);
 void gather_direct(ThreadsGroup& group);
 void scatter_direct(ThreadsGroup& group);
 
-// Size of the last-level cache (sysconf; 32 MiB where it does not say).
+// Size of the L3 cache (sysfs, then sysconf; 32 MiB where neither says).
 int64_t last_level_cache_bytes();
 
 // Offsets of packed per-rank counts: offsets[r] = counts[0] + ... + counts[r-1].

@@ -247,6 +247,11 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
   if (!worker_.joinable()) {
     queue_ = std::make_shared<AsyncQueue>();
     shared_->world->worker_started();
+    // Undone if the thread cannot be created, or launch would wait for it forever.
+    struct Unstarted {
+      World* world;
+      ~Unstarted() { if (world) world->worker_finished(); }
+    } unstarted{shared_->world.get()};
     worker_ = std::thread([queue = queue_, world = shared_->world] {
       while (true) {
         queue->work.wait([&] { return queue->queued.load(std::memory_order_acquire) > 0 || queue->stop.load(); },
@@ -265,9 +270,9 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
       }
       world->worker_finished();
     });
+    unstarted.world = nullptr;
   }
   auto work = std::make_shared<ThreadsWork>();
-  queue_->outstanding.fetch_add(1);
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
     queue_->tasks.push_back([self = shared_from_this(), desc, algorithm = std::move(algorithm), work] {
@@ -278,6 +283,8 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
         work->finish(std::current_exception());
       }
     });
+    // Counted only once queued (a failed push leaves nothing for drain_async to await).
+    queue_->outstanding.fetch_add(1);
     queue_->queued.fetch_add(1);
   }
   queue_->work.notify();
