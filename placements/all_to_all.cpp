@@ -9,6 +9,7 @@
 #include <functional>
 #include <numeric>
 
+#include "comm/block_all_to_all.h"
 #include "placements/transform.h"
 
 namespace dtensor::redistribution {
@@ -36,8 +37,9 @@ class AllToAllTransform final : public Transform {
     const int64_t bytes = max_local_bytes(ctx, ctx.from);
     const int m = ctx.mesh_dim;
     // Packing strided pieces (e is not the outer dim) and unpacking them (d is not)
-    // are local copies on top of the exchange.
-    const int copies = (ctx.to[m].dim() != 0) + (ctx.from[m].dim() != 0);
+    // are local copies on top of the exchange, unless the backend moves strided
+    // blocks in place.
+    const int copies = model.strided_all_to_all ? 0 : (ctx.to[m].dim() != 0) + (ctx.from[m].dim() != 0);
     return model.all_to_all(bytes, ctx.mesh.size(m)) + copies * model.local_copy(bytes);
   }
 
@@ -51,54 +53,21 @@ class AllToAllTransform final : public Transform {
         parent_range(ctx.global_shape, ctx.mesh.shape(), ctx.from, ctx.mesh.coordinate(), m, d).length, n);
     const std::vector<int64_t> e_sizes = chunk_sizes(local.size(e), n);
 
-    // Pack: the pieces along e, each made contiguous, one after another.
-    std::vector<Tensor> send_pieces = local.split(e_sizes, e);
-    std::vector<int64_t> send_counts, recv_counts;
-    int64_t send_total = 0, recv_total = 0;
-    Shape recv_piece = local.shape();
-    recv_piece[e] = e_sizes[me];
-    for (int64_t j = 0; j < n; ++j) {
-      send_counts.push_back(send_pieces[j].numel());
-      send_total += send_counts.back();
-      recv_piece[d] = d_sizes[j];
-      recv_counts.push_back(shape_numel(recv_piece));
-      recv_total += recv_counts.back();
-    }
-    // When e is the outermost dim the pieces are consecutive rows: send as they are.
-    Tensor send = e == 0 ? local.contiguous().view({-1}) : Tensor::empty({send_total}, local.dtype(), local.device());
-    int64_t offset = 0;
-    for (int64_t j = 0; j < n && e != 0; ++j) {
-      send.narrow(0, offset, send_counts[j]).view(send_pieces[j].shape()).copy_(send_pieces[j]);
-      offset += send_counts[j];
-    }
     Shape out_shape = local.shape();
     out_shape[d] = std::accumulate(d_sizes.begin(), d_sizes.end(), int64_t{0});
     out_shape[e] = e_sizes[me];
+    const Tensor in = local.contiguous();
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
-    // When d is the outermost dim, the piece from coordinate j is a contiguous block
-    // of rows of the output: receive straight into it.
+    // Piece j of the input is its j-th chunk along e; piece j of the output the rows
+    // along d that coordinate j held. Both are strided blocks (unless e, resp. d, is
+    // the outermost dim); backends that address peers' memory copy them in place.
     // Equal pieces everywhere is a group-wide fact (the sizes come from the global
-    // shape), so the call can go without split sizes: the equal-split routine.
-    const bool equal = std::adjacent_find(d_sizes.begin(), d_sizes.end(), std::not_equal_to<>()) == d_sizes.end() &&
-                       std::adjacent_find(e_sizes.begin(), e_sizes.end(), std::not_equal_to<>()) == e_sizes.end();
-    const std::vector<int64_t> no_sizes;
-    const std::vector<int64_t>& recv_splits = equal ? no_sizes : recv_counts;
-    const std::vector<int64_t>& send_splits = equal ? no_sizes : send_counts;
-    if (d == 0) {
-      all_to_all_into(ctx.mesh.group(m), send, out.view({-1}), recv_splits, send_splits);
-      return out;
-    }
-    Tensor recv = all_to_all(ctx.mesh.group(m), send, recv_splits, send_splits);
-
-    // Unpack: piece j is this rank's e-piece of coordinate j's d-piece.
-    offset = 0;
-    int64_t row = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      recv_piece[d] = d_sizes[j];
-      out.narrow(d, row, d_sizes[j]).copy_(recv.narrow(0, offset, recv_counts[j]).view(recv_piece));
-      offset += recv_counts[j];
-      row += d_sizes[j];
-    }
+    // shape).
+    auto all_equal = [](const std::vector<int64_t>& v) {
+      return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
+    };
+    comm::all_to_all_blocks(ctx.mesh.group(m), in, comm::blocks_along(in, e, e_sizes), out,
+                            comm::blocks_along(out, d, d_sizes), all_equal(d_sizes) && all_equal(e_sizes));
     return out;
   }
 };

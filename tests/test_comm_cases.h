@@ -8,6 +8,8 @@
 #include <dtensor/comm_debug.h>
 #include <dtensor/group.h>
 
+#include "comm/block_all_to_all.h"  // internal: the strided exchange redistribution uses
+
 #include <cmath>
 #include <functional>
 #include <sstream>
@@ -145,6 +147,7 @@ inline const std::vector<NamedCase> kCases = {
     {"all_gather", case_all_gather},       {"reduce_scatter", case_reduce_scatter},
     {"all_to_all", case_all_to_all},       {"broadcast", case_broadcast},
     {"gather_scatter", case_gather_scatter}, {"point_to_point", case_point_to_point},
-    {"split", case_split},                 {"comm_debug", case_comm_debug}};
+    {"split", case_split},                 {"comm_debug", case_comm_debug},
+    {"all_to_all_blocks", case_all_to_all_blocks}};
 
 }  // namespace comm_cases

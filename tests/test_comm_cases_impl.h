@@ -366,3 +366,54 @@ inline void case_comm_debug(const Group& g) {
   mode.reset();
   COMM_CHECK_EQ(mode.total_count(), int64_t{0});
 }
+
+// The strided exchange of redistribution (comm/block_all_to_all.h): rank r holds
+// [d_r, E, 2] (d_r uneven, some 0) and sends the j-th chunk along dim 1 (uneven
+// chunks e_j) to rank j; it receives [sum d, e_r, 2] stacked along dim 0. Pieces are
+// column blocks on the sending side and row blocks on the receiving side.
+inline void case_all_to_all_blocks(const Group& g) {
+  const int n = g.size(), r = g.rank();
+  std::vector<int64_t> d_sizes(n), e_sizes(n);
+  int64_t rows = 0, cols = 0;
+  for (int k = 0; k < n; ++k) {
+    rows += (d_sizes[k] = uneven_size(k));
+    cols += (e_sizes[k] = uneven_size(k + 1) + 1);
+  }
+  auto value = [&](int rank, int64_t i) { return small_value(rank, i); };
+  for (DType dt : {DType::F32, DType::F64, DType::BF16, DType::I64}) {
+    Tensor in = make(dt, {d_sizes[r], cols, 2}, [&](int64_t i) { return value(r, i); });
+    Tensor out = Tensor::empty({rows, e_sizes[r], 2}, dt);
+    CommDebugMode counter;
+    comm::all_to_all_blocks(g, in, comm::blocks_along(in, 1, e_sizes), out,
+                            comm::blocks_along(out, 0, d_sizes), false);
+    COMM_CHECK_EQ(counter.count("all_to_all"), static_cast<int64_t>(1));
+    std::vector<double> want;
+    int64_t col0 = 0;
+    for (int k = 0; k < r; ++k) col0 += e_sizes[k];
+    for (int s = 0; s < n; ++s) {
+      for (int64_t a = 0; a < d_sizes[s]; ++a) {
+        for (int64_t c = 0; c < e_sizes[r]; ++c) {
+          for (int64_t z = 0; z < 2; ++z) want.push_back(rounded(dt, value(s, (a * cols + col0 + c) * 2 + z)));
+        }
+      }
+    }
+    COMM_CHECK_EQ(values(out), want);
+
+    // Strided on both sides: [2, d_r, E] cut along dim 2, stacked along dim 1.
+    Tensor in2 = make(dt, {2, d_sizes[r], cols}, [&](int64_t i) { return value(r, i); });
+    Tensor out2 = Tensor::empty({2, rows, e_sizes[r]}, dt);
+    comm::all_to_all_blocks(g, in2, comm::blocks_along(in2, 2, e_sizes), out2,
+                            comm::blocks_along(out2, 1, d_sizes), false);
+    std::vector<double> want2;
+    for (int64_t o = 0; o < 2; ++o) {
+      for (int s = 0; s < n; ++s) {
+        for (int64_t a = 0; a < d_sizes[s]; ++a) {
+          for (int64_t c = 0; c < e_sizes[r]; ++c) {
+            want2.push_back(rounded(dt, value(s, (o * d_sizes[s] + a) * cols + col0 + c)));
+          }
+        }
+      }
+    }
+    COMM_CHECK_EQ(values(out2), want2);
+  }
+}

@@ -171,6 +171,18 @@ TEST(CommThreads, DifferentSizesAndSplitsAreMismatches) {
       EXPECT_TRUE(contains(e.what(), "rank 1 called all_to_all(f32, counts [2, 2, 2] -> [2, 2, 2], split sizes given)"))
           << e.what();
     }
+    // The strided exchange against the plain one: different algorithms, a mismatch.
+    try {
+      if (world.rank() == 0) {
+        comm::all_to_all_blocks(world, in, comm::blocks_along(in, 0, {2, 2, 2}), out,
+                                comm::blocks_along(out, 0, {2, 2, 2}), true);
+      } else {
+        all_to_all_into(world, in, out, {2, 2, 2}, {2, 2, 2});
+      }
+      ADD_FAILURE() << "no error";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "strided blocks")) << e.what();
+    }
   });
 }
 

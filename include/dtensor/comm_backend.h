@@ -43,6 +43,19 @@ struct P2PBuffer {
   int tag = 0;
 };
 
+// Where one rank's all_to_all pieces lie in its buffer: the piece for (or from)
+// peer s is `rows` segments of widths[s] elements, segment i starting at element
+// offsets[s] + i * stride. On the wire a piece is its segments in order, so the
+// sender's and the receiver's layouts may cut the same element stream differently
+// (a column block of a [rows, stride] matrix on one side, consecutive rows on the
+// other).
+struct BlockLayout {
+  int64_t rows = 1;
+  int64_t stride = 0;
+  std::vector<int64_t> offsets, widths;
+  int64_t count(int s) const { return rows * widths[s]; }
+};
+
 // 10 minutes unless DTENSOR_TIMEOUT_S says otherwise (read once per process).
 std::chrono::milliseconds default_timeout();
 
@@ -71,6 +84,13 @@ class GroupImpl {
   virtual WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
                              const std::vector<int64_t>& recv_counts, DType dtype,
                              bool equal_splits, bool async) = 0;
+  // all_to_all between strided pieces, synchronous. This default packs the pieces
+  // into contiguous buffers around all_to_all(); a backend that can address its
+  // peers' memory overrides it to copy between the blocks in place.
+  // `equal_pieces`: every piece of every rank has the same size (a group-wide fact;
+  // lets the default use the equal-split exchange).
+  virtual void all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
+                                 const BlockLayout& recv, DType dtype, bool equal_pieces);
   virtual WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) = 0;
   // counts[r] elements from rank r, packed in rank order in root's `out`.
   virtual WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts,

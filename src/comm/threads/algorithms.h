@@ -14,6 +14,7 @@ void all_reduce_owner(ThreadsGroup& group);
 void all_gather_direct(ThreadsGroup& group);
 void reduce_scatter_direct(ThreadsGroup& group);
 void all_to_all_direct(ThreadsGroup& group);
+void all_to_all_blocks_direct(ThreadsGroup& group);
 void broadcast_direct(ThreadsGroup& group);
 void gather_direct(ThreadsGroup& group);
 void scatter_direct(ThreadsGroup& group);

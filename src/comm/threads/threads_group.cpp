@@ -87,7 +87,7 @@ std::string CallDesc::to_string() const {
       os << dtype_name(dtype) << ", counts " << shape_to_string(counts);
       if (kind == CallKind::AllToAll) {
         os << " -> " << shape_to_string(recv_counts)
-           << (equal_splits ? ", no split sizes" : ", split sizes given");
+           << (send_blocks ? ", strided blocks" : equal_splits ? ", no split sizes" : ", split sizes given");
       }
       if (outer != 1) os << " x " << outer << " rows";
       if (kind == CallKind::ReduceScatter) os << ", " << reduce_op_name(op);
@@ -109,7 +109,8 @@ bool same_call(const CallDesc& a, const CallDesc& b) {
     case CallKind::Broadcast:
       return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
     case CallKind::AllToAll:  // pairs checked separately
-      return a.dtype == b.dtype && a.equal_splits == b.equal_splits;
+      return a.dtype == b.dtype && a.equal_splits == b.equal_splits &&
+             (a.send_blocks != nullptr) == (b.send_blocks != nullptr);
     default:
       return a.dtype == b.dtype && a.counts == b.counts && a.outer == b.outer && a.op == b.op &&
              a.root == b.root;
@@ -383,6 +384,18 @@ WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& sen
   d->recv_counts = recv_counts;
   d->equal_splits = equal_splits;
   return run(d, async, all_to_all_direct);
+}
+
+void ThreadsGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
+                                     const BlockLayout& recv, DType dtype, bool) {
+  auto d = make_desc(CallKind::AllToAll, dtype, in, out);
+  for (int s = 0; s < size(); ++s) {
+    d->counts.push_back(send.count(s));
+    d->recv_counts.push_back(recv.count(s));
+  }
+  d->send_blocks = &send;
+  d->recv_blocks = &recv;
+  run(d, false, all_to_all_blocks_direct);
 }
 
 WorkPtr ThreadsGroup::broadcast(void* data, int64_t count, DType dtype, int root, bool async) {

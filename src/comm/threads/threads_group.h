@@ -60,6 +60,9 @@ struct CallDesc {
   std::vector<int64_t> counts;       // per rank (send counts for all_to_all)
   std::vector<int64_t> recv_counts;  // all_to_all
   bool equal_splits = false;         // all_to_all: called without split sizes
+  // all_to_all_blocks: where the pieces lie (the caller's, alive during the call).
+  const BlockLayout* send_blocks = nullptr;
+  const BlockLayout* recv_blocks = nullptr;
   int color = 0, key = 0;                             // split
   std::string to_string() const;  // "all_reduce(f32, 1024 elements, sum)"
 };
@@ -118,6 +121,8 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
                      const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits,
                      bool async) override;
+  void all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
+                         DType dtype, bool equal_pieces) override;
   WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override;
   WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
                  int root, bool async) override;

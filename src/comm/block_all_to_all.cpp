@@ -1,0 +1,121 @@
+// all_to_all between strided pieces: the tensor-level entry, the layout of pieces
+// cut along a dim, the piece copy, and the backends' default (pack, all_to_all,
+// unpack).
+#include "comm/block_all_to_all.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "comm/collective_args.h"
+
+namespace dtensor::comm {
+
+BlockLayout blocks_along(const Tensor& t, int64_t dim, const std::vector<int64_t>& sizes) {
+  const Shape& shape = t.shape();
+  BlockLayout layout;
+  layout.rows = product(shape, 0, static_cast<int>(dim));
+  const int64_t inner = product(shape, static_cast<int>(dim) + 1, static_cast<int>(shape.size()));
+  layout.stride = shape[dim] * inner;
+  int64_t offset = 0;
+  for (int64_t s : sizes) {
+    layout.offsets.push_back(offset * inner);
+    layout.widths.push_back(s * inner);
+    offset += s;
+  }
+  return layout;
+}
+
+void copy_piece(std::byte* dst, const BlockLayout& to_layout, int to_piece, const std::byte* src,
+                const BlockLayout& from_layout, int from_piece, size_t element_size) {
+  const int64_t from_width = from_layout.widths[from_piece], to_width = to_layout.widths[to_piece];
+  int64_t left = from_layout.count(from_piece);
+  int64_t from_row = 0, from_col = 0, to_row = 0, to_col = 0;
+  while (left > 0) {
+    const int64_t len = std::min(from_width - from_col, to_width - to_col);
+    std::memcpy(dst + (to_layout.offsets[to_piece] + to_row * to_layout.stride + to_col) * element_size,
+                src + (from_layout.offsets[from_piece] + from_row * from_layout.stride + from_col) * element_size,
+                len * element_size);
+    left -= len;
+    if ((from_col += len) == from_width) from_col = 0, ++from_row;
+    if ((to_col += len) == to_width) to_col = 0, ++to_row;
+  }
+}
+
+namespace {
+
+// The pieces one after another, in rank order (what all_to_all() exchanges).
+BlockLayout packed(const BlockLayout& layout, int n) {
+  BlockLayout p;
+  p.rows = 1;
+  int64_t offset = 0;
+  for (int s = 0; s < n; ++s) {
+    p.offsets.push_back(offset);
+    p.widths.push_back(layout.count(s));
+    offset += layout.count(s);
+  }
+  p.stride = offset;
+  return p;
+}
+
+bool is_packed(const BlockLayout& layout, int n) {
+  if (layout.rows != 1) return layout.rows == 0;
+  int64_t offset = 0;
+  for (int s = 0; s < n; ++s) {
+    if (layout.offsets[s] != offset) return false;
+    offset += layout.widths[s];
+  }
+  return true;
+}
+
+}  // namespace
+
+void GroupImpl::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
+                                  const BlockLayout& recv, DType dtype, bool equal_pieces) {
+  const int n = size();
+  const size_t esize = dtype_size(dtype);
+  const BlockLayout send_packed = packed(send, n), recv_packed = packed(recv, n);
+  std::vector<std::byte> send_buffer, recv_buffer;
+  const void* send_data = in;
+  void* recv_data = out;
+  if (!is_packed(send, n)) {
+    send_buffer.resize(send_packed.stride * esize);
+    for (int s = 0; s < n; ++s) {
+      copy_piece(send_buffer.data(), send_packed, s, static_cast<const std::byte*>(in), send, s, esize);
+    }
+    send_data = send_buffer.data();
+  }
+  if (!is_packed(recv, n)) {
+    recv_buffer.resize(recv_packed.stride * esize);
+    recv_data = recv_buffer.data();
+  }
+  all_to_all(send_data, send_packed.widths, recv_data, recv_packed.widths, dtype, equal_pieces, false);
+  if (recv_data != out) {
+    for (int s = 0; s < n; ++s) {
+      copy_piece(static_cast<std::byte*>(out), recv, s, recv_buffer.data(), recv_packed, s, esize);
+    }
+  }
+}
+
+void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayout& send,
+                       const Tensor& output, const BlockLayout& recv, bool equal_pieces) {
+  const char* kOp = "all_to_all";
+  GroupImpl& backend = check_input_output(group, input, output, kOp);
+  const int n = group.size();
+  auto dense = [](const Tensor& t) { return t.is_contiguous() || t.numel() == 0; };
+  DT_CHECK_ARG(dense(input) && dense(output), kOp, "block exchange needs contiguous tensors, got strides ",
+               Shape(input.strides()), " and ", Shape(output.strides()));
+  DT_CHECK_ARG(static_cast<int>(send.widths.size()) == n && static_cast<int>(recv.widths.size()) == n &&
+                   send.offsets.size() == send.widths.size() && recv.offsets.size() == recv.widths.size(),
+               kOp, "expected ", n, " pieces on each side, got ", send.widths.size(), " and ",
+               recv.widths.size());
+  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  if (n == 1) {
+    copy_piece(static_cast<std::byte*>(output.data_ptr()), recv, 0,
+               static_cast<const std::byte*>(input.data_ptr()), send, 0, dtype_size(input.dtype()));
+    return;
+  }
+  backend.all_to_all_blocks(input.data_ptr(), send, output.data_ptr(), recv, input.dtype(), equal_pieces);
+}
+
+}  // namespace dtensor::comm

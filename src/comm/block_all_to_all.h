@@ -1,0 +1,30 @@
+// all_to_all between strided pieces of tensors (comm_backend.h, BlockLayout), for
+// redistribution: Shard(d) -> Shard(e) sends column blocks of its local tensor and
+// receives into row blocks of the output without packing or unpacking copies on
+// backends that can address peers' memory.
+#pragma once
+
+#include "dtensor/comm_backend.h"
+#include "dtensor/group.h"
+#include "dtensor/tensor.h"
+
+namespace dtensor::comm {
+
+// The layout of the n pieces of `t` (contiguous) cut along `dim` with `sizes`:
+// piece s is t.narrow(dim, sizes[0] + ... + sizes[s-1], sizes[s]).
+BlockLayout blocks_along(const Tensor& t, int64_t dim, const std::vector<int64_t>& sizes);
+
+// Sends piece s of `input` (layout `send`) to rank s and receives piece s of
+// `output` (layout `recv`) from it. Both tensors contiguous, same dtype; what rank s
+// sends rank r must have the size r expects. `equal_pieces`: all pieces of all
+// ranks have one size (all ranks must pass the same). Synchronous; counted by
+// CommDebugMode as one all_to_all of input.nbytes().
+void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayout& send,
+                       const Tensor& output, const BlockLayout& recv, bool equal_pieces);
+
+// Copies the element stream of piece `from_piece` of `from_layout` in `src` into
+// piece `to_piece` of `to_layout` in `dst` (equal element counts).
+void copy_piece(std::byte* dst, const BlockLayout& to_layout, int to_piece, const std::byte* src,
+                const BlockLayout& from_layout, int from_piece, size_t element_size);
+
+}  // namespace dtensor::comm
