@@ -12,9 +12,11 @@ CostModel CostModel::for_backend(std::string_view backend, int64_t ranks_on_host
   const double share = std::min(1.0, cores / static_cast<double>(std::max<int64_t>(ranks_on_host, 1)));
   if (backend == "mpi") {
     // OpenMPI's shared-memory transport on a 2-core host: about 2 GB/s per rank for
-    // large buffers and ~10 us per hop (bench_collectives, raw MPI rows).
+    // large buffers and ~10 us per hop (bench_collectives, raw MPI rows). Strided
+    // pieces travel as derived datatypes (MPI_Alltoallw).
     model.latency_s = 10e-6;
     model.bandwidth_bytes_per_s = 2.0e9 * share;
+    model.strided_all_to_all = true;
   } else {
     // threads: ranks copy from each other's buffers; a hop is a synchronisation of a
     // few microseconds. Fitted to bench_redistribute's bare collectives on 64 MiB

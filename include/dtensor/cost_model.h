@@ -17,8 +17,9 @@ struct CostModel {
   double latency_s = 2e-6;                  // per hop
   double bandwidth_bytes_per_s = 5e9;       // per rank, one direction
   double local_bandwidth_bytes_per_s = 8e9; // a local copy (read + write)
-  // The backend exchanges strided pieces in place (threads): an all-to-all between
-  // non-outermost dims needs no packing or unpacking copies.
+  // The backend exchanges strided pieces where they lie (threads: direct copies;
+  // mpi: derived datatypes): an all-to-all between non-outermost dims needs no
+  // packing or unpacking copies. False for a backend on the generic pack path.
   bool strided_all_to_all = false;
 
   // Defaults measured on the machines this project runs on (bench/RESULTS.md):

@@ -114,6 +114,20 @@ TEST(CommMpiDebug, MismatchedCallsNameBothCalls) {
                                                      : "all_to_all(f32, no split sizes, 2 elements to each rank)"))
         << e.what();
   }
+  // The strided exchange (MPI_Alltoallw) against the v-form.
+  try {
+    const std::vector<int64_t> twos(n, 2);
+    if (world.rank() == 0) {
+      comm::all_to_all_blocks(world, in, comm::blocks_along(in, 0, twos), out, comm::blocks_along(out, 0, twos), true);
+    } else {
+      all_to_all_into(world, in, out, twos, twos);
+    }
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_TRUE(contains(e.what(), world.rank() == 0 ? "all_to_all(f32, split sizes given)"
+                                                     : "all_to_all(f32, strided blocks)"))
+        << e.what();
+  }
   barrier(world);
 }
 

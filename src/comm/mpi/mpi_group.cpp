@@ -59,6 +59,10 @@ struct CountsAndDispls {
   }
 };
 
+// The count slot of an all_to_all fingerprint for the strided exchange (the plain
+// forms put the equal piece size there, or -1 when split sizes were given).
+constexpr int64_t kStridedBlocks = -2;
+
 bool all_equal(const std::vector<int64_t>& v) {
   return std::all_of(v.begin(), v.end(), [&](int64_t c) { return c == v[0]; });
 }
@@ -271,6 +275,50 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
                  });
   }
 
+  // The strided exchange without packing: one derived datatype per peer and side
+  // (a vector of `rows` segments) and MPI_Alltoallw, so MPI reads and writes the
+  // blocks where they lie.
+  void all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
+                         DType dtype, bool) override {
+    const char* op = "all_to_all";
+    fingerprint(CallKind::AllToAll, dtype, kStridedBlocks, 0, ReduceOp::Sum);
+    const MPI_Datatype base = mpi_datatype(dtype);
+    const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
+    struct Types {  // freed however the call ends
+      std::vector<MPI_Datatype> all;
+      ~Types() {
+        for (MPI_Datatype& t : all) MPI_Type_free(&t);
+      }
+    } types;
+    std::vector<MPI_Datatype> send_types(size_), recv_types(size_);
+    std::vector<int> ones(size_, 1), send_displs(size_), recv_displs(size_);
+    auto describe = [&](const BlockLayout& layout, int s, MPI_Datatype* type, int* displ) {
+      const int width = to_int(layout.widths[s], op);
+      if (layout.rows <= 1) {
+        check_mpi(MPI_Type_contiguous(layout.rows * width, base, type), op);
+      } else {
+        check_mpi(MPI_Type_vector(to_int(layout.rows, op), width, to_int(layout.stride, op), base, type), op);
+      }
+      types.all.push_back(*type);
+      check_mpi(MPI_Type_commit(type), op);
+      *displ = to_int(layout.offsets[s] * esize, op);
+    };
+    for (int s = 0; s < size_; ++s) {
+      describe(send, s, &send_types[s], &send_displs[s]);
+      describe(recv, s, &recv_types[s], &recv_displs[s]);
+    }
+    MPI_Comm comm = comm_;
+    issue(op, false, nullptr, nullptr,
+          [&] {
+            return MPI_Alltoallw(in, ones.data(), send_displs.data(), send_types.data(), out, ones.data(),
+                                 recv_displs.data(), recv_types.data(), comm);
+          },
+          [&](MPI_Request* r) {
+            return MPI_Ialltoallw(in, ones.data(), send_displs.data(), send_types.data(), out, ones.data(),
+                                  recv_displs.data(), recv_types.data(), comm, r);
+          });
+  }
+
   WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override {
     fingerprint(CallKind::Broadcast, dtype, count, root, ReduceOp::Sum);
     const int c = to_int(count, "broadcast");
@@ -421,6 +469,7 @@ class MPIWork final : public WorkImpl {
 
 std::string describe_fingerprint(const int64_t* f) {
   if (static_cast<CallKind>(f[0]) == CallKind::AllToAll) {
+    if (f[2] == kStridedBlocks) return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])), ", strided blocks)");
     if (f[2] < 0) return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])), ", split sizes given)");
     return detail::concat("all_to_all(", dtype_name(static_cast<DType>(f[1])), ", no split sizes, ", f[2],
                           " elements to each rank)");
