@@ -32,8 +32,10 @@ enum class WaitResult { Ready, Aborted, TimedOut };
 
 class Signal {
  public:
-  // Call after changing state others may wait for (release-stored beforehand).
+  // Call after changing state others may wait for, with a seq_cst store or RMW.
   void notify() {
+    // No fence here: callers change the state with seq_cst stores or RMWs, which
+    // order it before this load (a fence cost 0.9 us per 2-rank all-reduce).
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
       cv_.notify_all();
@@ -63,6 +65,9 @@ class Signal {
       // Slices bound the time to notice an abort (which also notifies) or a lost wake-up.
       const auto slice = std::min<Clock::duration>(deadline - now, std::chrono::milliseconds(50));
       sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      // Callers' ready() may use acquire loads; the fence orders them after the
+      // increment, so either notify() sees a sleeper or ready() sees the new state.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
       {
         std::unique_lock<std::mutex> lock(mutex_);
         if (!ready()) cv_.wait_for(lock, slice);
