@@ -104,10 +104,46 @@ TEST(CommThreads, ThrowingRankReleasesAsyncWorkAndP2P) {
   EXPECT_EQ(released.load(), 2);
 }
 
+TEST(CommThreads, RankThatReturnedFailsItsPeersAtOnce) {
+  // Rank 1 returns after its (async) call without the next one rank 0 makes, rank 2
+  // without the send rank 0 waits for: rank 0 learns it at once, not at the timeout.
+  const auto start = std::chrono::steady_clock::now();
+  std::string collective, receive;
+  EXPECT_THROW(launch(3, [&](Group world) {
+                 Group pair = world.split(world.rank() < 2 ? 0 : 1);
+                 if (world.rank() == 1) {
+                   Tensor t = Tensor::ones({4});
+                   all_reduce_async(pair, t, t).wait();
+                   return;
+                 }
+                 if (world.rank() == 2) return;
+                 all_reduce(pair, Tensor::ones({4}));  // matches rank 1's async call
+                 try {
+                   all_reduce(pair, Tensor::ones({4}));
+                 } catch (const std::runtime_error& e) {
+                   collective = e.what();
+                 }
+                 try {
+                   recv(world, Tensor::empty({1}), 2);
+                 } catch (const std::runtime_error& e) {
+                   receive = e.what();
+                   throw;
+                 }
+               }),
+               std::runtime_error);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_TRUE(contains(collective, "[all_reduce] rank 1 of group 'world/c0'")) << collective;
+  EXPECT_TRUE(contains(collective, "returned from its launch function without making this call")) << collective;
+  EXPECT_TRUE(contains(receive, "[recv] rank 2 of group 'world'")) << receive;
+}
+
 TEST(CommThreads, MissingRankTimesOutNamingOpGroupAndRanks) {
   const std::string error = launch_error<std::runtime_error>(3, [&](Group world) {
     world.set_timeout(200ms);
-    if (world.rank() == 1) return;  // never arrives
+    if (world.rank() == 1) {  // stuck elsewhere (a rank that returns fails peers at once)
+      std::this_thread::sleep_for(600ms);
+      return;
+    }
     all_reduce(world, Tensor::ones({2}));
   });
   EXPECT_TRUE(contains(error, "[all_reduce] timed out after 0.2 s in group 'world'")) << error;
@@ -118,7 +154,10 @@ TEST(CommThreads, TimeoutInSubGroupAndRecvNamesThem) {
   const std::string error = launch_error<std::runtime_error>(4, [&](Group world) {
     Group sub = world.split(world.rank() / 2);
     sub.set_timeout(150ms);
-    if (world.rank() == 3) return;
+    if (world.rank() == 3) {  // stuck elsewhere
+      std::this_thread::sleep_for(600ms);
+      return;
+    }
     if (world.rank() == 2) recv(sub, Tensor::empty({2}), 1, 9);
     if (world.rank() < 2) barrier(sub);
   });

@@ -102,8 +102,8 @@ struct LaunchedWorldScope {
 void launch(int n, const std::function<void(Group world)>& fn) {
   DT_CHECK_ARG(n >= 1, "launch", "expected at least 1 rank, got ", n);
   backend::cpu::configure_blas_threads(n);
-  auto world = std::make_shared<comm::threads::World>();
-  auto shared = comm::threads::make_world(n, world);
+  auto world = std::make_shared<comm::threads::World>(n);
+  auto shared = comm::threads::make_world(world, n);
   std::mutex mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> ranks;
@@ -117,6 +117,7 @@ void launch(int n, const std::function<void(Group world)>& fn) {
         Group group(std::make_shared<comm::threads::ThreadsGroup>(shared, r, "world"));
         LaunchedWorldScope scope(group);
         fn(std::move(group));
+        world->rank_returned(r);
         return;
       } catch (const std::exception& e) {
         message = e.what();
@@ -147,7 +148,7 @@ const char* const kBackends = "threads, mpi, any";
 Group single_threads_group() {
   // Outside launch the threads backend has one rank; one world per process.
   static const Group group(std::make_shared<comm::threads::ThreadsGroup>(
-      comm::threads::make_world(1, std::make_shared<comm::threads::World>()), 0, "world"));
+      comm::threads::make_world(std::make_shared<comm::threads::World>(1), 1), 0, "world"));
   return group;
 }
 }  // namespace

@@ -60,10 +60,14 @@ class P2PWork final : public WorkImpl {
     const auto deadline = Clock::now() + group_->timeout();
     for (auto& r : requests) {
       const char* op = r->buffer.is_send ? "send" : "recv";
+      // The partner rank returning from its launch function means it never will post.
       const WaitResult result = r->signal->wait(
           [&] { return r->done.load(std::memory_order_acquire); },
-          [&] { return group_->shared().world->aborted(); }, deadline);
-      if (result == WaitResult::Aborted) group_->throw_if_aborted(op);
+          [&] { return group_->shared().world->aborted() || group_->peer_gone(r->buffer.peer); }, deadline);
+      if (result == WaitResult::Aborted) {
+        group_->throw_if_aborted(op);
+        group_->throw_peer_gone(op, r->buffer.peer);
+      }
       if (result == WaitResult::TimedOut) {
         group_->throw_timeout(op, detail::concat(r->buffer.is_send ? "rank " : "no send from rank ",
                                                  r->buffer.peer,

@@ -12,19 +12,35 @@ namespace dtensor::comm::threads {
 
 // ---- World --------------------------------------------------------------------------
 
-void World::abort(int rank, const std::string& message) {
+World::World(int size)
+    : returned_(std::make_unique<std::atomic<bool>[]>(size)),
+      live_workers_(std::make_unique<std::atomic<int>[]>(size)) {}
+
+void World::wake_all() {
   std::vector<std::shared_ptr<Signal>> to_wake;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& weak : signals_) {
+      if (auto s = weak.lock()) to_wake.push_back(std::move(s));
+    }
+  }
+  for (auto& s : to_wake) s->notify();
+}
+
+void World::abort(int rank, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.load()) {
       reason_ = detail::concat("rank ", rank, " failed: ", message);
       aborted_.store(true, std::memory_order_seq_cst);
     }
-    for (auto& weak : signals_) {
-      if (auto s = weak.lock()) to_wake.push_back(std::move(s));
-    }
   }
-  for (auto& s : to_wake) s->notify();
+  wake_all();
+}
+
+void World::rank_returned(int rank) {
+  returned_[rank].store(true);
+  wake_all();
 }
 
 std::string World::abort_reason() const {
@@ -38,15 +54,21 @@ void World::add_signal(const std::shared_ptr<Signal>& signal) {
   signals_.push_back(signal);
 }
 
-void World::worker_started() {
+void World::worker_started(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
   ++workers_;
+  live_workers_[rank].fetch_add(1);
 }
 
-void World::worker_finished() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  --workers_;
-  workers_cv_.notify_all();
+void World::worker_finished(int rank) {
+  bool now_gone = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --workers_;
+    now_gone = live_workers_[rank].fetch_sub(1) == 1 && returned_[rank].load();
+    workers_cv_.notify_all();
+  }
+  if (now_gone) wake_all();
 }
 
 void World::wait_for_workers() {
@@ -56,8 +78,11 @@ void World::wait_for_workers() {
 
 // ---- Shared, CallDesc ---------------------------------------------------------------
 
-Shared::Shared(int size_, std::shared_ptr<World> world_)
-    : size(size_), world(std::move(world_)), slots(std::make_unique<Slot[]>(size_)) {
+Shared::Shared(std::vector<int> world_ranks_, std::shared_ptr<World> world_)
+    : size(static_cast<int>(world_ranks_.size())),
+      world(std::move(world_)),
+      world_ranks(std::move(world_ranks_)),
+      slots(std::make_unique<Slot[]>(size)) {
   world->add_signal(signal);
   for (int r = 0; r < size; ++r) {
     mailboxes.push_back(std::make_unique<Mailbox>());
@@ -67,8 +92,10 @@ Shared::Shared(int size_, std::shared_ptr<World> world_)
 
 Shared::~Shared() = default;
 
-std::shared_ptr<Shared> make_world(int size, std::shared_ptr<World> world) {
-  return std::make_shared<Shared>(size, std::move(world));
+std::shared_ptr<Shared> make_world(std::shared_ptr<World> world, int size) {
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  return std::make_shared<Shared>(std::move(ranks), std::move(world));
 }
 
 std::string CallDesc::to_string() const {
@@ -164,6 +191,12 @@ void ThreadsGroup::throw_if_aborted(const char* op) const {
                                           "' because ", shared_->world->abort_reason()));
 }
 
+void ThreadsGroup::throw_peer_gone(const char* op, int r) const {
+  throw std::runtime_error(detail::concat(
+      "[", op, "] rank ", r, " of group '", name_, "' (threads, size ", size(), ", this is rank ", rank_,
+      ") returned from its launch function without making this call: the ranks' calls diverged"));
+}
+
 void ThreadsGroup::throw_timeout(const char* op, const std::string& missing) const {
   throw std::runtime_error(detail::concat(
       "[", op, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
@@ -184,10 +217,19 @@ void ThreadsGroup::sync() {
     }
     return true;
   };
-  const WaitResult result = shared_->signal->wait(
-      arrived, [&] { return shared_->world->aborted(); }, Clock::now() + timeout_);
+  // A missing rank that returned from its launch function will never arrive.
+  int gone = -1;
+  auto stuck = [&] {
+    if (shared_->world->aborted()) return true;
+    for (int r = 0; r < n && gone < 0; ++r) {
+      if (slots[r].step.load(std::memory_order_acquire) < target && peer_gone(r)) gone = r;
+    }
+    return gone >= 0;
+  };
+  const WaitResult result = shared_->signal->wait(arrived, stuck, Clock::now() + timeout_);
   if (result == WaitResult::Ready) return;
   throw_if_aborted(current_op_);
+  if (gone >= 0) throw_peer_gone(current_op_, gone);
   std::vector<int64_t> missing;
   for (int r = 0; r < n; ++r) {
     if (slots[r].step.load() < target) missing.push_back(r);
@@ -247,13 +289,15 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
   }
   if (!worker_.joinable()) {
     queue_ = std::make_shared<AsyncQueue>();
-    shared_->world->worker_started();
+    const int world_rank = shared_->world_ranks[rank_];
+    shared_->world->worker_started(world_rank);
     // Undone if the thread cannot be created, or launch would wait for it forever.
     struct Unstarted {
       World* world;
-      ~Unstarted() { if (world) world->worker_finished(); }
-    } unstarted{shared_->world.get()};
-    worker_ = std::thread([queue = queue_, world = shared_->world] {
+      int rank;
+      ~Unstarted() { if (world) world->worker_finished(rank); }
+    } unstarted{shared_->world.get(), world_rank};
+    worker_ = std::thread([queue = queue_, world = shared_->world, world_rank] {
       while (true) {
         queue->work.wait([&] { return queue->queued.load(std::memory_order_acquire) > 0 || queue->stop.load(); },
                          [] { return false; }, Clock::time_point::max());
@@ -269,7 +313,7 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
         task = nullptr;  // may destroy the group
         if (queue->outstanding.fetch_sub(1) == 1) queue->idle.notify();
       }
-      world->worker_finished();
+      world->worker_finished(world_rank);
     });
     unstarted.world = nullptr;
   }
@@ -310,10 +354,15 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
     std::stable_sort(members.begin(), members.end(),
                      [&](int a, int b) { return g.peer(a).key < g.peer(b).key; });
     const bool leader = !members.empty() && *std::min_element(members.begin(), members.end()) == rank_;
+    auto member_world_ranks = [&](const std::vector<int>& ranks) {
+      std::vector<int> world_ranks;
+      for (int m : ranks) world_ranks.push_back(shared_->world_ranks[m]);
+      return world_ranks;
+    };
     if (leader) {
       std::lock_guard<std::mutex> lock(shared_->split_mutex);
       shared_->split_children[color] =
-          std::make_shared<Shared>(static_cast<int>(members.size()), shared_->world);
+          std::make_shared<Shared>(member_world_ranks(members), shared_->world);
     }
     g.sync();
     if (!members.empty()) {

@@ -24,21 +24,34 @@
 
 namespace dtensor::comm::threads {
 
-// One `launch`: the first failure, and everything to wake when it happens.
+// One `launch`: the first failure, the ranks that are done, and everything to wake
+// when either changes.
 class World {
  public:
+  explicit World(int size);
   void abort(int rank, const std::string& message);  // keeps the first failure
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
   std::string abort_reason() const;  // "rank 2 failed: <message>"
   void add_signal(const std::shared_ptr<Signal>& signal);
 
+  // A rank whose function returned normally; once its async workers are gone too it
+  // can never join another collective, and peers waiting for it fail at once
+  // instead of at the timeout (ranks whose control flow diverged).
+  void rank_returned(int rank);
+  bool gone(int rank) const {
+    return returned_[rank].load() && live_workers_[rank].load() == 0;
+  }
+
   // Async workers of every rank; launch waits for them before returning.
-  void worker_started();
-  void worker_finished();
+  void worker_started(int rank);
+  void worker_finished(int rank);
   void wait_for_workers();
 
  private:
+  void wake_all();
   std::atomic<bool> aborted_{false};
+  std::unique_ptr<std::atomic<bool>[]> returned_;
+  std::unique_ptr<std::atomic<int>[]> live_workers_;
   mutable std::mutex mutex_;
   std::string reason_;
   std::vector<std::weak_ptr<Signal>> signals_;
@@ -76,10 +89,11 @@ class Mailbox;  // point-to-point matching, p2p.cpp
 
 // State shared by the ranks of one group.
 struct Shared {
-  Shared(int size, std::shared_ptr<World> world);
+  Shared(std::vector<int> world_ranks, std::shared_ptr<World> world);
   ~Shared();
   const int size;
   const std::shared_ptr<World> world;
+  const std::vector<int> world_ranks;  // of each rank of this group, in the launch
   std::unique_ptr<Slot[]> slots;
   std::shared_ptr<Signal> signal = std::make_shared<Signal>();
   std::vector<std::unique_ptr<Mailbox>> mailboxes;  // one per receiving rank
@@ -139,6 +153,9 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   Shared& shared() { return *shared_; }
   // Throws the launch's failure if there is one (p2p waits use it too).
   void throw_if_aborted(const char* op) const;
+  // Whether rank r of this group returned from its launch function for good.
+  bool peer_gone(int r) const { return shared_->world->gone(shared_->world_ranks[r]); }
+  [[noreturn]] void throw_peer_gone(const char* op, int r) const;
   [[noreturn]] void throw_timeout(const char* op, const std::string& missing) const;
 
  private:
@@ -158,7 +175,7 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   std::thread worker_;
 };
 
-// Makes the group of `size` ranks of a new launch.
-std::shared_ptr<Shared> make_world(int size, std::shared_ptr<World> world);
+// Makes the group of all ranks of a new launch.
+std::shared_ptr<Shared> make_world(std::shared_ptr<World> world, int size);
 
 }  // namespace dtensor::comm::threads
