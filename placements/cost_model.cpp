@@ -23,7 +23,7 @@ CostModel CostModel::for_backend(std::string_view backend, int64_t ranks_on_host
     // (4 ranks on 2 cores, idle machine: 1.8-3.3 GB/s per rank, ~5 GB/s unshared).
     model.latency_s = 3e-6;
     model.bandwidth_bytes_per_s = 5.0e9 * share;
-    model.strided_all_to_all = true;
+    model.strided_all_to_all = backend == "threads";
   }
   // A local copy (read + write) on one core: bench_redistribute's local chunk.
   model.local_bandwidth_bytes_per_s = 7e9 * share;

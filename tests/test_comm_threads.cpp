@@ -329,6 +329,18 @@ TEST(CommThreads, UndefinedGroupAndBadArgumentsAreRejected) {
                      std::invalid_argument, "split sizes must sum to dim 0: output [4] with [1, 2]");
     EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4, 2}), Tensor::empty({4, 3})),
                      std::invalid_argument, "input and output must agree after dim 0");
+    // The strided exchange: a piece past the end of its tensor.
+    Tensor in = Tensor::ones({4}), out = Tensor::empty({4});
+    comm::BlockLayout wide = comm::blocks_along(in, 0, {2, 2});
+    wide.widths[1] = 3;
+    EXPECT_THROW_MSG(comm::all_to_all_blocks(world, in, wide, out, comm::blocks_along(out, 0, {2, 2}), false),
+                     std::invalid_argument, "send piece 1 ends at element 5, past the 4 elements");
+  });
+  launch(1, [&](Group alone) {
+    Tensor in = Tensor::ones({4}), out = Tensor::empty({3});
+    EXPECT_THROW_MSG(comm::all_to_all_blocks(alone, in, comm::blocks_along(in, 0, {4}), out,
+                                             comm::blocks_along(out, 0, {3}), false),
+                     std::invalid_argument, "a group of one sends 4 elements to itself but expects 3");
   });
 }
 

@@ -68,6 +68,19 @@ bool is_packed(const BlockLayout& layout, int n) {
   return true;
 }
 
+// Every piece of `layout` lies inside `t`.
+void check_fits(const BlockLayout& layout, const Tensor& t, const char* what) {
+  DT_CHECK_ARG(layout.rows >= 0, "all_to_all", what, " layout has ", layout.rows, " rows");
+  for (size_t s = 0; s < layout.widths.size(); ++s) {
+    DT_CHECK_ARG(layout.widths[s] >= 0 && layout.offsets[s] >= 0, "all_to_all", what, " piece ", s,
+                 " has width ", layout.widths[s], " at offset ", layout.offsets[s]);
+    if (layout.count(static_cast<int>(s)) == 0) continue;
+    const int64_t end = layout.offsets[s] + (layout.rows - 1) * layout.stride + layout.widths[s];
+    DT_CHECK_ARG(end <= t.numel(), "all_to_all", what, " piece ", s, " ends at element ", end,
+                 ", past the ", t.numel(), " elements of its tensor");
+  }
+}
+
 }  // namespace
 
 void GroupImpl::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
@@ -109,8 +122,12 @@ void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayou
                    send.offsets.size() == send.widths.size() && recv.offsets.size() == recv.widths.size(),
                kOp, "expected ", n, " pieces on each side, got ", send.widths.size(), " and ",
                recv.widths.size());
+  check_fits(send, input, "send");
+  check_fits(recv, output, "receive");
   CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
   if (n == 1) {
+    DT_CHECK_ARG(send.count(0) == recv.count(0), kOp, "a group of one sends ", send.count(0),
+                 " elements to itself but expects ", recv.count(0));
     copy_piece(static_cast<std::byte*>(output.data_ptr()), recv, 0,
                static_cast<const std::byte*>(input.data_ptr()), send, 0, dtype_size(input.dtype()));
     return;

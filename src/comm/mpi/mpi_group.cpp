@@ -291,21 +291,26 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
       }
     } types;
     std::vector<MPI_Datatype> send_types(size_), recv_types(size_);
-    std::vector<int> ones(size_, 1), send_displs(size_), recv_displs(size_);
-    auto describe = [&](const BlockLayout& layout, int s, MPI_Datatype* type, int* displ) {
+    // The piece's byte offset goes into its type (MPI_Aint), not into Alltoallw's int
+    // displacements, which would cap buffers at 2 GiB.
+    std::vector<int> ones(size_, 1), send_displs(size_, 0), recv_displs(size_, 0);
+    auto describe = [&](const BlockLayout& layout, int s, MPI_Datatype* type) {
       const int width = to_int(layout.widths[s], op);
+      MPI_Datatype segments = MPI_DATATYPE_NULL;
       if (layout.rows <= 1) {
-        check_mpi(MPI_Type_contiguous(layout.rows * width, base, type), op);
+        check_mpi(MPI_Type_contiguous(layout.rows * width, base, &segments), op);
       } else {
-        check_mpi(MPI_Type_vector(to_int(layout.rows, op), width, to_int(layout.stride, op), base, type), op);
+        check_mpi(MPI_Type_vector(to_int(layout.rows, op), width, to_int(layout.stride, op), base, &segments), op);
       }
+      types.all.push_back(segments);
+      const MPI_Aint offset = static_cast<MPI_Aint>(layout.offsets[s] * esize);
+      check_mpi(MPI_Type_create_hindexed_block(1, 1, &offset, segments, type), op);
       types.all.push_back(*type);
       check_mpi(MPI_Type_commit(type), op);
-      *displ = to_int(layout.offsets[s] * esize, op);
     };
     for (int s = 0; s < size_; ++s) {
-      describe(send, s, &send_types[s], &send_displs[s]);
-      describe(recv, s, &recv_types[s], &recv_displs[s]);
+      describe(send, s, &send_types[s]);
+      describe(recv, s, &recv_types[s]);
     }
     MPI_Comm comm = comm_;
     issue(op, false, nullptr, nullptr,

@@ -63,7 +63,11 @@ class P2PWork final : public WorkImpl {
       // The partner rank returning from its launch function means it never will post.
       const WaitResult result = r->signal->wait(
           [&] { return r->done.load(std::memory_order_acquire); },
-          [&] { return group_->shared().world->aborted() || group_->peer_gone(r->buffer.peer); }, deadline);
+          [&] {
+            return group_->shared().world->aborted() ||
+                   (group_->peer_gone(r->buffer.peer) && !r->done.load(std::memory_order_acquire));
+          },
+          deadline);
       if (result == WaitResult::Aborted) {
         group_->throw_if_aborted(op);
         group_->throw_peer_gone(op, r->buffer.peer);

@@ -42,7 +42,9 @@ class Signal {
     }
   }
 
-  // Waits until ready() (true), `aborted()` (true) or `deadline`.
+  // Waits until ready() (true), `aborted()` (true) or `deadline`. Aborted only if
+  // ready() is still false after aborted() said so: a peer may complete the wait
+  // and then end (which aborted() may report) between the two checks.
   template <class Ready, class Aborted>
   WaitResult wait(Ready ready, Aborted aborted, Clock::time_point deadline) {
     if (ready()) return WaitResult::Ready;
@@ -54,12 +56,12 @@ class Signal {
     }
     while (Clock::now() - start < kYieldTime) {
       if (ready()) return WaitResult::Ready;
-      if (aborted()) return WaitResult::Aborted;
+      if (aborted()) return ready() ? WaitResult::Ready : WaitResult::Aborted;
       std::this_thread::yield();
     }
     while (true) {
       if (ready()) return WaitResult::Ready;
-      if (aborted()) return WaitResult::Aborted;
+      if (aborted()) return ready() ? WaitResult::Ready : WaitResult::Aborted;
       const auto now = Clock::now();
       if (now >= deadline) return WaitResult::TimedOut;
       // Slices bound the time to notice an abort (which also notifies) or a lost wake-up.
@@ -70,7 +72,7 @@ class Signal {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        if (!ready()) cv_.wait_for(lock, slice);
+        if (!ready() && !aborted()) cv_.wait_for(lock, slice);
       }
       sleepers_.fetch_sub(1, std::memory_order_seq_cst);
     }

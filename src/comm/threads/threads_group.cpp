@@ -221,8 +221,9 @@ void ThreadsGroup::sync() {
   int gone = -1;
   auto stuck = [&] {
     if (shared_->world->aborted()) return true;
+    // Gone first, then the step: a rank's last step is stored before it can be gone.
     for (int r = 0; r < n && gone < 0; ++r) {
-      if (slots[r].step.load(std::memory_order_acquire) < target && peer_gone(r)) gone = r;
+      if (peer_gone(r) && slots[r].step.load(std::memory_order_acquire) < target) gone = r;
     }
     return gone >= 0;
   };
