@@ -39,7 +39,8 @@ void all_reduce_owner(ThreadsGroup& group) {
   const CallDesc& me = group.me();
   const int n = group.size();
   const int64_t esize = static_cast<int64_t>(dtype_size(me.dtype));
-  // Chunks start on 64-byte boundaries so two ranks never write one cache line.
+  // Chunk boundaries are multiples of 64 bytes from the buffer start, so two ranks
+  // never write one cache line of a 64-byte aligned buffer (as the allocator gives).
   const int64_t align = std::max<int64_t>(1, 64 / esize);
   const int64_t chunk = ((me.count + n - 1) / n + align - 1) / align * align;
   const int64_t begin = std::min(me.count, group.rank() * chunk);
