@@ -5,8 +5,6 @@
 // the n pieces of the chunk rule and sends piece j to coordinate j; it receives from
 // j the j-th piece along d, cut to its own piece along e, and stacks them along d.
 // The mesh dim must be the innermost splitter of d and becomes that of e.
-#include <algorithm>
-#include <functional>
 #include <numeric>
 
 #include "comm/block_all_to_all.h"
@@ -60,14 +58,9 @@ class AllToAllTransform final : public Transform {
     Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
     // Piece j of the input is its j-th chunk along e; piece j of the output the rows
     // along d that coordinate j held. Both are strided blocks (unless e, resp. d, is
-    // the outermost dim); backends that address peers' memory copy them in place.
-    // Equal pieces everywhere is a group-wide fact (the sizes come from the global
-    // shape).
-    auto all_equal = [](const std::vector<int64_t>& v) {
-      return std::adjacent_find(v.begin(), v.end(), std::not_equal_to<>()) == v.end();
-    };
+    // the outermost dim); the backends exchange them where they lie.
     comm::all_to_all_blocks(ctx.mesh.group(m), in, comm::blocks_along(in, e, e_sizes), out,
-                            comm::blocks_along(out, d, d_sizes), all_equal(d_sizes) && all_equal(e_sizes));
+                            comm::blocks_along(out, d, d_sizes));
     return out;
   }
 };

@@ -385,7 +385,7 @@ inline void case_all_to_all_blocks(const Group& g) {
     Tensor out = Tensor::empty({rows, e_sizes[r], 2}, dt);
     CommDebugMode counter;
     comm::all_to_all_blocks(g, in, comm::blocks_along(in, 1, e_sizes), out,
-                            comm::blocks_along(out, 0, d_sizes), false);
+                            comm::blocks_along(out, 0, d_sizes));
     COMM_CHECK_EQ(counter.count("all_to_all"), static_cast<int64_t>(1));
     std::vector<double> want;
     int64_t col0 = 0;
@@ -403,7 +403,7 @@ inline void case_all_to_all_blocks(const Group& g) {
     Tensor in2 = make(dt, {2, d_sizes[r], cols}, [&](int64_t i) { return value(r, i); });
     Tensor out2 = Tensor::empty({2, rows, e_sizes[r]}, dt);
     comm::all_to_all_blocks(g, in2, comm::blocks_along(in2, 2, e_sizes), out2,
-                            comm::blocks_along(out2, 1, d_sizes), false);
+                            comm::blocks_along(out2, 1, d_sizes));
     std::vector<double> want2;
     for (int64_t o = 0; o < 2; ++o) {
       for (int s = 0; s < n; ++s) {

@@ -214,7 +214,7 @@ TEST(CommThreads, DifferentSizesAndSplitsAreMismatches) {
     try {
       if (world.rank() == 0) {
         comm::all_to_all_blocks(world, in, comm::blocks_along(in, 0, {2, 2, 2}), out,
-                                comm::blocks_along(out, 0, {2, 2, 2}), true);
+                                comm::blocks_along(out, 0, {2, 2, 2}));
       } else {
         all_to_all_into(world, in, out, {2, 2, 2}, {2, 2, 2});
       }
@@ -333,13 +333,13 @@ TEST(CommThreads, UndefinedGroupAndBadArgumentsAreRejected) {
     Tensor in = Tensor::ones({4}), out = Tensor::empty({4});
     comm::BlockLayout wide = comm::blocks_along(in, 0, {2, 2});
     wide.widths[1] = 3;
-    EXPECT_THROW_MSG(comm::all_to_all_blocks(world, in, wide, out, comm::blocks_along(out, 0, {2, 2}), false),
+    EXPECT_THROW_MSG(comm::all_to_all_blocks(world, in, wide, out, comm::blocks_along(out, 0, {2, 2})),
                      std::invalid_argument, "send piece 1 ends at element 5, past the 4 elements");
   });
   launch(1, [&](Group alone) {
     Tensor in = Tensor::ones({4}), out = Tensor::empty({3});
     EXPECT_THROW_MSG(comm::all_to_all_blocks(alone, in, comm::blocks_along(in, 0, {4}), out,
-                                             comm::blocks_along(out, 0, {3}), false),
+                                             comm::blocks_along(out, 0, {3})),
                      std::invalid_argument, "a group of one sends 4 elements to itself but expects 3");
   });
 }

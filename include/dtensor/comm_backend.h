@@ -87,10 +87,8 @@ class GroupImpl {
   // all_to_all between strided pieces, synchronous. This default packs the pieces
   // into contiguous buffers around all_to_all(); a backend that can address its
   // peers' memory overrides it to copy between the blocks in place.
-  // `equal_pieces`: every piece of every rank has the same size (a group-wide fact;
-  // lets the default use the equal-split exchange).
   virtual void all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
-                                 const BlockLayout& recv, DType dtype, bool equal_pieces);
+                                 const BlockLayout& recv, DType dtype);
   virtual WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) = 0;
   // counts[r] elements from rank r, packed in rank order in root's `out`.
   virtual WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts,

@@ -84,7 +84,7 @@ void check_fits(const BlockLayout& layout, const Tensor& t, const char* what) {
 }  // namespace
 
 void GroupImpl::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
-                                  const BlockLayout& recv, DType dtype, bool equal_pieces) {
+                                  const BlockLayout& recv, DType dtype) {
   const int n = size();
   const size_t esize = dtype_size(dtype);
   const BlockLayout send_packed = packed(send, n), recv_packed = packed(recv, n);
@@ -102,7 +102,7 @@ void GroupImpl::all_to_all_blocks(const void* in, const BlockLayout& send, void*
     recv_buffer.resize(recv_packed.stride * esize);
     recv_data = recv_buffer.data();
   }
-  all_to_all(send_data, send_packed.widths, recv_data, recv_packed.widths, dtype, equal_pieces, false);
+  all_to_all(send_data, send_packed.widths, recv_data, recv_packed.widths, dtype, false, false);
   if (recv_data != out) {
     for (int s = 0; s < n; ++s) {
       copy_piece(static_cast<std::byte*>(out), recv, s, recv_buffer.data(), recv_packed, s, esize);
@@ -111,7 +111,7 @@ void GroupImpl::all_to_all_blocks(const void* in, const BlockLayout& send, void*
 }
 
 void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayout& send,
-                       const Tensor& output, const BlockLayout& recv, bool equal_pieces) {
+                       const Tensor& output, const BlockLayout& recv) {
   const char* kOp = "all_to_all";
   GroupImpl& backend = check_input_output(group, input, output, kOp);
   const int n = group.size();
@@ -132,7 +132,7 @@ void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayou
                static_cast<const std::byte*>(input.data_ptr()), send, 0, dtype_size(input.dtype()));
     return;
   }
-  backend.all_to_all_blocks(input.data_ptr(), send, output.data_ptr(), recv, input.dtype(), equal_pieces);
+  backend.all_to_all_blocks(input.data_ptr(), send, output.data_ptr(), recv, input.dtype());
 }
 
 }  // namespace dtensor::comm

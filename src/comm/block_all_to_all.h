@@ -16,11 +16,10 @@ BlockLayout blocks_along(const Tensor& t, int64_t dim, const std::vector<int64_t
 
 // Sends piece s of `input` (layout `send`) to rank s and receives piece s of
 // `output` (layout `recv`) from it. Both tensors contiguous, same dtype; what rank s
-// sends rank r must have the size r expects. `equal_pieces`: all pieces of all
-// ranks have one size (all ranks must pass the same). Synchronous; counted by
-// CommDebugMode as one all_to_all of input.nbytes().
+// sends rank r must have the size r expects. Synchronous; counted by CommDebugMode
+// as one all_to_all of input.nbytes().
 void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayout& send,
-                       const Tensor& output, const BlockLayout& recv, bool equal_pieces);
+                       const Tensor& output, const BlockLayout& recv);
 
 // Copies the element stream of piece `from_piece` of `from_layout` in `src` into
 // piece `to_piece` of `to_layout` in `dst` (equal element counts).

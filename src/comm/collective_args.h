@@ -210,10 +210,4 @@ inline std::vector<int64_t> chunk_sizes(int64_t total, int n) {
 
 inline int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
-inline std::vector<int64_t> scaled(const std::vector<int64_t>& v, int64_t factor) {
-  std::vector<int64_t> out(v);
-  for (auto& x : out) x *= factor;
-  return out;
-}
-
 }  // namespace dtensor::comm

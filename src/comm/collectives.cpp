@@ -70,7 +70,7 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
   CallBuffers b(input, output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
   WorkPtr w = backend.reduce_scatter(b.in().data_ptr(), b.out().data_ptr(),
-                                     backend_counts(0, sizes, n, even ? mine : 0, inner),
+                                     backend_counts(0, sizes, n, input.size(d) / n, inner),
                                      product(input.shape(), 0, d), input.dtype(), op, async);
   return b.finish(std::move(w), async);
 }

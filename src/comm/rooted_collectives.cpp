@@ -48,7 +48,7 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
   Tensor in = input.contiguous();
   Output out = is_root ? writable(output) : Output{};
   WorkPtr w = backend.gather(in.data_ptr(), is_root ? out.buffer.data_ptr() : nullptr,
-                             scaled(sizes, row_elements(input, kOp)), in.dtype(), root, async);
+                             backend_counts(0, sizes, n, 0, row_elements(input, kOp)), in.dtype(), root, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
 }
 
@@ -78,7 +78,7 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
   }
   Output out = writable(output);
   WorkPtr w = backend.scatter(is_root ? in.data_ptr() : nullptr, out.buffer.data_ptr(),
-                              scaled(sizes, row_elements(output, kOp)), output.dtype(), root, async);
+                              backend_counts(0, sizes, n, 0, row_elements(output, kOp)), output.dtype(), root, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
 }
 

@@ -118,7 +118,7 @@ TEST(CommMpiDebug, MismatchedCallsNameBothCalls) {
   try {
     const std::vector<int64_t> twos(n, 2);
     if (world.rank() == 0) {
-      comm::all_to_all_blocks(world, in, comm::blocks_along(in, 0, twos), out, comm::blocks_along(out, 0, twos), true);
+      comm::all_to_all_blocks(world, in, comm::blocks_along(in, 0, twos), out, comm::blocks_along(out, 0, twos));
     } else {
       all_to_all_into(world, in, out, twos, twos);
     }

@@ -54,9 +54,6 @@ struct CountsAndDispls {
       offset += c * scale;
     }
   }
-  bool equal() const {
-    return std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
-  }
 };
 
 // The count slot of an all_to_all fingerprint for the strided exchange (the plain
@@ -169,7 +166,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
         outer == 1 && in == static_cast<const std::byte*>(out) + cd.displs[rank_] * esize;
     const void* send = in_place ? MPI_IN_PLACE : in;
     const int mine = cd.counts[rank_];
-    if (cd.equal()) {
+    if (all_equal(counts)) {  // scaled by `outer`, still equal
       return issue(op, async, s, after,
                    [=] { return MPI_Allgather(send, mine, type, recv, mine, type, comm); },
                    [=](MPI_Request* r) {
@@ -226,7 +223,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     }
     const int64_t mine = cd.counts[rank_];
     if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, mine, n); };
-    if (cd.equal()) {
+    if (all_equal(counts)) {  // scaled by `outer`, still equal
       const int c = cd.counts[0];
       return issue(name, async, s, after,
                    [=] { return MPI_Reduce_scatter_block(send, out, c, type, mop, comm); },
@@ -279,7 +276,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   // (a vector of `rows` segments) and MPI_Alltoallw, so MPI reads and writes the
   // blocks where they lie.
   void all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
-                         DType dtype, bool) override {
+                         DType dtype) override {
     const char* op = "all_to_all";
     fingerprint(CallKind::AllToAll, dtype, kStridedBlocks, 0, ReduceOp::Sum);
     const MPI_Datatype base = mpi_datatype(dtype);

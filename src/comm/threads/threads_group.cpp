@@ -437,7 +437,7 @@ WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& sen
 }
 
 void ThreadsGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
-                                     const BlockLayout& recv, DType dtype, bool) {
+                                     const BlockLayout& recv, DType dtype) {
   auto d = make_desc(CallKind::AllToAll, dtype, in, out);
   for (int s = 0; s < size(); ++s) {
     d->counts.push_back(send.count(s));

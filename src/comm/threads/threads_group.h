@@ -136,7 +136,7 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
                      const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits,
                      bool async) override;
   void all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
-                         DType dtype, bool equal_pieces) override;
+                         DType dtype) override;
   WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override;
   WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype,
                  int root, bool async) override;
