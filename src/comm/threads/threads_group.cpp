@@ -13,7 +13,8 @@ namespace dtensor::comm::threads {
 // ---- World --------------------------------------------------------------------------
 
 World::World(int size)
-    : returned_(std::make_unique<std::atomic<bool>[]>(size)),
+    : size_(size),
+      returned_(std::make_unique<std::atomic<bool>[]>(size)),
       live_workers_(std::make_unique<std::atomic<int>[]>(size)) {}
 
 void World::wake_all() {
@@ -56,7 +57,6 @@ void World::add_signal(const std::shared_ptr<Signal>& signal) {
 
 void World::worker_started(int rank) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ++workers_;
   live_workers_[rank].fetch_add(1);
 }
 
@@ -64,7 +64,6 @@ void World::worker_finished(int rank) {
   bool now_gone = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    --workers_;
     now_gone = live_workers_[rank].fetch_sub(1) == 1 && returned_[rank].load();
     workers_cv_.notify_all();
   }
@@ -73,7 +72,13 @@ void World::worker_finished(int rank) {
 
 void World::wait_for_workers() {
   std::unique_lock<std::mutex> lock(mutex_);
-  workers_cv_.wait(lock, [&] { return workers_ == 0; });
+  // Workers start and finish under the mutex, so the per-rank counts are stable here.
+  workers_cv_.wait(lock, [&] {
+    for (int r = 0; r < size_; ++r) {
+      if (live_workers_[r].load() > 0) return false;
+    }
+    return true;
+  });
 }
 
 // ---- Shared, CallDesc ---------------------------------------------------------------

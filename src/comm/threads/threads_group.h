@@ -49,13 +49,13 @@ class World {
 
  private:
   void wake_all();
+  const int size_;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<std::atomic<bool>[]> returned_;
   std::unique_ptr<std::atomic<int>[]> live_workers_;
   mutable std::mutex mutex_;
   std::string reason_;
   std::vector<std::weak_ptr<Signal>> signals_;
-  int workers_ = 0;
   std::condition_variable workers_cv_;
 };
 
