@@ -70,29 +70,49 @@ std::vector<MeshDimOption> options_for_mesh_dim(const EinsumSpec& spec, const st
   return options;
 }
 
-// Where several mesh dims shard one tensor dim, keep the input's own nesting when it
-// is sharded by the same mesh dims already (FSDP over TP), and give the output the
-// nesting of the input its dim comes from.
-void adopt_nesting(Strategy& s, const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
+// Where several mesh dims shard one letter, every input with the letter and the
+// output must nest them in one order, or their blocks do not line up. The order
+// comes from an input already sharded by exactly those mesh dims (keeping it
+// costs that input nothing: FSDP over TP), else it is the default (mesh dim 0
+// outermost); inputs arriving in another order are moved to it.
+void unify_nesting(Strategy& s, const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
   const size_t mesh_ndim = s.output.size();
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    const Placements& have = inputs[j].placements();
-    for (size_t m = 0; m < mesh_ndim; ++m) {
-      Placement& want = s.inputs[j][m];
-      if (!want.is_shard() || !have[m].is_shard(want.dim())) continue;
+  std::string letter_of(mesh_ndim, '\0');  // the letter each mesh dim shards
+  for (size_t m = 0; m < mesh_ndim; ++m) {
+    for (size_t j = 0; j < inputs.size() && !letter_of[m]; ++j) {
+      const Placement& p = s.inputs[j][m];
+      if (p.is_shard()) letter_of[m] = spec.inputs[j][static_cast<size_t>(p.dim())];
+    }
+  }
+  std::string done;
+  for (char letter : letter_of) {
+    if (!letter || done.find(letter) != std::string::npos) continue;
+    done += letter;
+    if (std::count(letter_of.begin(), letter_of.end(), letter) < 2) continue;
+    std::vector<int> order(mesh_ndim, 0);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const size_t pos = spec.inputs[j].find(letter);
+      if (pos == std::string::npos) continue;
+      const Placements& have = inputs[j].placements();
       bool same_splitters = true;
-      for (size_t o = 0; o < mesh_ndim; ++o) {
-        same_splitters &= s.inputs[j][o].is_shard(want.dim()) == have[o].is_shard(want.dim());
+      for (size_t m = 0; m < mesh_ndim; ++m) {
+        same_splitters &= have[m].is_shard(static_cast<int64_t>(pos)) == (letter_of[m] == letter);
       }
       if (!same_splitters) continue;
-      want = Shard(want.dim(), have[m].order());
-      // The output dim with the same letter inherits the order.
-      const char letter = spec.inputs[j][static_cast<size_t>(want.dim())];
-      const size_t out_pos = spec.output.find(letter);
-      if (out_pos != std::string::npos && s.output[m].is_shard(static_cast<int64_t>(out_pos))) {
-        s.output[m] = Shard(static_cast<int64_t>(out_pos), have[m].order());
-      }
+      for (size_t m = 0; m < mesh_ndim; ++m) order[m] = have[m].order();
+      break;
     }
+    auto apply = [&](Placements& placements, size_t pos) {
+      for (size_t m = 0; m < mesh_ndim; ++m) {
+        if (letter_of[m] == letter) placements[m] = Shard(static_cast<int64_t>(pos), order[m]);
+      }
+    };
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const size_t pos = spec.inputs[j].find(letter);
+      if (pos != std::string::npos) apply(s.inputs[j], pos);
+    }
+    const size_t out_pos = spec.output.find(letter);
+    if (out_pos != std::string::npos) apply(s.output, out_pos);
   }
 }
 
@@ -156,7 +176,7 @@ std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vecto
   }
   // Several mesh dims may not give one input Partials of different kinds.
   std::erase_if(strategies, [](const Strategy& s) { return !redistribution::partials_compatible(s.output); });
-  for (Strategy& s : strategies) adopt_nesting(s, spec, inputs);
+  for (Strategy& s : strategies) unify_nesting(s, spec, inputs);
   return strategies;
 }
 
