@@ -23,6 +23,7 @@ std::shared_ptr<DistTensor::AutogradMeta>& ensure_meta(const DistTensor& t) {
 DistTensor accumulate(const DistTensor& a, const DistTensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
+  if (!a.mesh().is_member()) return a;  // a gradient that lives on other ranks holds nothing here
   const DistTensor moved = b.placements() == a.placements() ? b : b.redistribute(a.placements());
   const Tensor sum = add(a.to_local(), moved.to_local());
   return DistTensor::from_local(sum, a.mesh(), a.placements(), a.shape());
@@ -118,7 +119,16 @@ void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph)
   DT_CHECK_ARG(root.defined() && root.requires_grad(), "backward",
                "expected a tensor that requires grad (did you detach it or run under NoGradGuard?)");
   DistTensor root_grad = grad;
-  if (!root_grad.defined()) {
+  if (!root_grad.defined() && !root.mesh().is_member()) {
+    // The root lives on other ranks (e.g. activations this rank sent to another
+    // mesh): its gradient arrives through the recorded moves, so this rank starts
+    // from a gradient that holds nothing here.
+    Placements whole = root.placements();
+    for (Placement& p : whole) {
+      if (p.is_partial()) p = Replicate();
+    }
+    root_grad = zeros(root.shape(), root.mesh(), whole, root.dtype());
+  } else if (!root_grad.defined()) {
     DT_CHECK_ARG(root.numel() == 1, "backward", "implicit gradient needs a tensor with one element, got shape ",
                  root.shape(), "; pass a gradient");
     // The gradient of a Partial(sum) value is the same on every coordinate.
