@@ -7,7 +7,7 @@
 // BF16, and activation checkpointing off vs on.
 #include <benchmark/benchmark.h>
 
-#include <chrono>
+#include <algorithm>
 
 #include "dtensor/dtensor.h"
 
@@ -62,33 +62,28 @@ void BM_TrainGpt(benchmark::State& state) {
       nn::GPT model(mesh, config, 1);
       parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = c.overlap ? 1.0 : 1e6});
       AdamW optimizer(model.parameters(), 1e-3);
+      std::optional<DType> compute;
+      if (c.compute != DType::F32) compute = c.compute;
+      parallel::Trainer trainer(optimizer, {.compute_dtype = compute, .sync = &ddp});
+      const Shape shape{batch, config.block_size};
       double elapsed = 0;
+      int64_t step_peak = 0;
       for (int step = 0; step < kWarmup + kSteps; ++step) {
-        if (step == kWarmup) reset_peak_memory();
         barrier(world);
-        const auto t0 = std::chrono::steady_clock::now();
-        const TokenBatch b = data.get_batch(sampler.batch_at(step));
-        const Shape shape{batch, config.block_size};
-        const DistTensor ids = DistTensor::from_local(b.inputs, mesh, {Shard(0)}, shape);
-        const DistTensor targets = DistTensor::from_local(b.targets, mesh, {Shard(0)}, shape);
-        DistTensor loss;
-        {
-          std::optional<nn::ComputeDtype> precision;
-          if (c.compute != DType::F32) precision.emplace(c.compute);
-          loss = model.loss(ids, targets);
-        }
-        loss.backward();
-        ddp.wait_for_gradients();
-        optimizer.step();
-        optimizer.zero_grad();
-        if (step >= kWarmup) elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const parallel::StepReport report = trainer.step(step, [&](int64_t) {
+          const TokenBatch b = data.get_batch(sampler.batch_at(step));
+          const DistTensor ids = DistTensor::from_local(b.inputs, mesh, {Shard(0)}, shape);
+          const DistTensor targets = DistTensor::from_local(b.targets, mesh, {Shard(0)}, shape);
+          return model.loss(ids, targets);
+        });
+        if (step < kWarmup) continue;
+        elapsed += report.stats.seconds;
+        for (int64_t bytes : report.stats.peak_memory_bytes) step_peak = std::max(step_peak, bytes);
       }
       const double slowest = all_reduce(world, Tensor::full({1}, elapsed, DType::F64), ReduceOp::Max).item<double>();
-      const double worst_peak = all_reduce(world, Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::F64),
-                                           ReduceOp::Max).item<double>();
       if (world.rank() == 0) {
         seconds = slowest;
-        peak = static_cast<int64_t>(worst_peak);
+        peak = step_peak;
       }
     });
     state.SetIterationTime(seconds / kSteps);

@@ -8,7 +8,6 @@
 // given on the command line win. Run with --help for the list.
 #include <dtensor/dtensor.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -265,8 +264,6 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   // Short runs (tests, smoke checks) shorten the warmup rather than fail.
   const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
   DistributedSampler sampler(data.size(), s.batch, mesh.coordinate(0), s.dp, s.seed, true, s.grad_accum);
-  std::optional<LossScaler> scaler;
-  if (s.precision == "fp16") scaler.emplace();
   const std::optional<DType> compute = s.precision == "bf16" ? std::optional<DType>(DType::BF16)
                                        : s.precision == "fp16" ? std::optional<DType>(DType::F16)
                                                                : std::nullopt;
@@ -282,67 +279,32 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
                 mesh.to_string().c_str(), world.backend().c_str(), s.precision.c_str(),
                 config.checkpoint_activations ? ", activation checkpointing" : "");
   }
+  parallel::TrainerOptions training{.grad_accum = s.grad_accum,
+                                    .clip_grad_norm = s.clip,
+                                    .compute_dtype = compute,
+                                    .schedule = &schedule,
+                                    .sync = &ddp,
+                                    .tokens_per_step = s.batch * config.block_size};
+  if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
+  parallel::Trainer trainer(optimizer, training);
   const Shape micro_shape{s.batch / s.grad_accum, config.block_size};
   for (int64_t step = 0; step < s.steps; ++step) {
-    Tracer::begin_step(step);
-    TraceSpan step_span("step", "train");
-    reset_peak_memory();
-    const auto t0 = std::chrono::steady_clock::now();
-    const double lr = schedule.apply(optimizer, step);
-    double loss_value = 0;
-    for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
+    const parallel::StepReport report = trainer.step(step, [&](int64_t micro) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
       const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, micro_shape);
       const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, micro_shape);
-      DistTensor loss;
-      {
-        TraceSpan span("forward", "compute");
-        std::optional<nn::ComputeDtype> precision;
-        if (compute) precision.emplace(*compute);
-        loss = div(model.loss(ids, targets), static_cast<double>(s.grad_accum));
-      }
-      {
-        TraceSpan span("backward", "compute");
-        const DistTensor scaled = scaler ? scaler->scale(loss) : loss;
-        if (micro + 1 < s.grad_accum) {
-          auto no_sync = ddp.no_sync();
-          scaled.backward();
-        } else {
-          scaled.backward();
-        }
-      }
-      loss_value += loss.full_tensor().item<double>();
-    }
-    {
-      TraceSpan span("optimizer", "compute");
-      ddp.wait_for_gradients();
-      const bool finite = !scaler || scaler->unscale_and_check(model.parameters());
-      if (finite) {
-        if (s.clip > 0) clip_grad_norm(model.parameters(), s.clip);
-        optimizer.step();
-      }
-      if (scaler) scaler->update();
-      optimizer.zero_grad();
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const Tensor peaks = all_gather(world, Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::I64));
-    Tracer::counter("loss", loss_value);
-    if (log) {
-      StepStats stats;
-      stats.step = step;
-      stats.loss = loss_value;
-      stats.tokens = s.batch * config.block_size;
-      stats.seconds = seconds;
-      stats.peak_memory_bytes = peaks.to_vector<int64_t>();
-      stats.lr = lr;
-      log->step(stats);
-    }
+      return model.loss(ids, targets);
+    });
+    if (log) log->step(report.stats);
   }
   if (log) {
     log->finish();
     const std::string svg = log->write_loss_curve(s.out, "GPT training loss (" + mesh.to_string() + ", " + s.precision + ")");
     std::printf("loss curve: %s and %s\n", s.out.c_str(), svg.c_str());
-    if (scaler) std::printf("fp16 loss scale %g, %lld skipped steps\n", scaler->scale_value(), static_cast<long long>(scaler->skipped_steps()));
+    if (const LossScaler* scaler = trainer.scaler()) {
+      std::printf("fp16 loss scale %g, %lld skipped steps\n", scaler->scale_value(),
+                  static_cast<long long>(scaler->skipped_steps()));
+    }
   }
 }
 

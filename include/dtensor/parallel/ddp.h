@@ -17,6 +17,7 @@
 
 #include "dtensor/group.h"
 #include "dtensor/nn/module.h"
+#include "dtensor/parallel/trainer.h"
 
 namespace dtensor::parallel {
 
@@ -36,10 +37,10 @@ struct DDPStats {
   int64_t buckets = 0;
 };
 
-class DistributedDataParallel {
+class DistributedDataParallel : public GradientSync {
  public:
   DistributedDataParallel(nn::Module& module, DDPOptions options = {});
-  ~DistributedDataParallel();
+  ~DistributedDataParallel() override;
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
@@ -61,6 +62,10 @@ class DistributedDataParallel {
     DistributedDataParallel& ddp_;
   };
   NoSync no_sync() { return NoSync(*this); }
+  // GradientSync (parallel::Trainer): the same switch as no_sync, and
+  // wait_for_gradients.
+  void set_accumulating(bool accumulating) override { sync_ = !accumulating; }
+  void finish_gradient_sync() override { wait_for_gradients(); }
 
   const DDPStats& stats() const { return stats_; }
   int64_t num_buckets() const;
