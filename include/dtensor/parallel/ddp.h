@@ -9,6 +9,11 @@
 // local Partial values into one buffer and starts an asynchronous all-reduce, so
 // communication runs while backward goes on. wait_for_gradients() finishes the
 // all-reduces and leaves each gradient Replicate over the data-parallel dim.
+//
+// Parameters sharded over the data-parallel dim (FSDP layouts, or a weight the user
+// distributed with Shard) are accepted: their gradients come out of backward in their
+// own layout (the backward of the all-gather reduce-scatters), and DDP all-reduces
+// only gradients that are Partial over the data-parallel dim.
 #pragma once
 
 #include <memory>
