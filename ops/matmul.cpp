@@ -34,6 +34,7 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
   if (!autograd::needs_grad({a, b})) return out;
   const DistTensor sa = a.detach(), sb = b.detach();
   return with_grad(out, "matmul", {a, b}, [sa, sb](const Grads& g) {
+    dispatch::MoveMemo memo;  // both products move g[0] the same way: once
     return Grads{ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape()),
                  ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape())};
   });
