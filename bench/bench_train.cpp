@@ -4,7 +4,9 @@
 // total number of cores: 1 rank uses all BLAS threads, 2 ranks one each (launch
 // sets that). Compared in the same run: 1 rank vs DP=2 (target: DP=2 >= 90% of
 // the 1-rank tokens/s), DDP overlap on vs off (one bucket filled last), FP32 vs
-// BF16, and activation checkpointing off vs on.
+// BF16, activation checkpointing off vs on, and FSDP: ZeRO stages 1-3 and HSDP next
+// to DDP at the same global batch, prefetch on vs off, with the time each rank waited
+// for all-gathers and reduce-scatters (the fsdp_*_wait spans of the trace).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -22,6 +24,9 @@ struct Case {
   bool overlap;
   DType compute;
   bool checkpoint;
+  int fsdp = 0;         // ZeRO stage; 0: DDP
+  bool prefetch = true;
+  bool hsdp = false;    // ranks as replicate=2 x dp=ranks/2
 };
 
 const std::vector<Case>& cases() {
@@ -36,6 +41,16 @@ const std::vector<Case>& cases() {
       {"medium dp=2 no overlap", true, 2, false, DType::F32, false},
       {"medium dp=2 bf16", true, 2, true, DType::BF16, false},
       {"medium dp=2 checkpointing", true, 2, true, DType::F32, true},
+      {"medium dp=2 zero1", true, 2, true, DType::F32, false, 1},
+      {"medium dp=2 zero2", true, 2, true, DType::F32, false, 2},
+      {"medium dp=2 zero3", true, 2, true, DType::F32, false, 3},
+      {"medium dp=2 zero3 no prefetch", true, 2, true, DType::F32, false, 3, false},
+      {"medium dp=2 zero3 bf16", true, 2, true, DType::BF16, false, 3},
+      {"medium dp=4", true, 4, true, DType::F32, false},
+      {"medium dp=4 zero3", true, 4, true, DType::F32, false, 3},
+      {"medium dp=4 zero3 checkpointing", true, 4, true, DType::F32, true, 3},
+      {"medium dp=4 checkpointing", true, 4, true, DType::F32, true},
+      {"medium hsdp 2x2 zero3", true, 4, true, DType::F32, false, 3, true, true},
   };
   return list;
 }
@@ -52,30 +67,47 @@ void BM_TrainGpt(benchmark::State& state) {
   config.heads = c.medium ? 8 : 4;
   config.checkpoint_activations = c.checkpoint;
   const int64_t batch = 16;
-  double seconds = 0;
+  double seconds = 0, gather_wait = 0, reduce_wait = 0;
   int64_t peak = 0;
   for (auto _ : state) {
     launch(c.ranks, [&](Group world) {
-      DeviceMesh mesh(world, {c.ranks}, {"dp"});
+      const DeviceMesh mesh = c.hsdp ? DeviceMesh(world, {2, c.ranks / 2}, {"replicate", "dp"})
+                                     : DeviceMesh(world, {c.ranks}, {"dp"});
       SyntheticLanguage data(config.vocab, config.block_size, 1024, 1);
-      DistributedSampler sampler(data.size(), batch, mesh.coordinate(0), c.ranks, 1);
+      DistributedSampler sampler(data.size(), batch, mesh.linear_index(), c.ranks, 1);
       nn::GPT model(mesh, config, 1);
-      parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = c.overlap ? 1.0 : 1e6});
-      AdamW optimizer(model.parameters(), 1e-3);
       std::optional<DType> compute;
       if (c.compute != DType::F32) compute = c.compute;
-      parallel::Trainer trainer(optimizer, {.compute_dtype = compute, .sync = &ddp});
+      std::optional<parallel::DistributedDataParallel> ddp;
+      std::optional<parallel::FSDPModule> fsdp;
+      if (c.fsdp > 0) {
+        parallel::FSDPOptions options{.stage = c.fsdp, .replicate_dim = c.hsdp ? "replicate" : "", .prefetch = c.prefetch};
+        if (compute) options.mixed_precision = {.param_dtype = compute, .reduce_dtype = DType::F32};
+        for (auto& [name, m] : model.named_modules()) {
+          if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options);
+        }
+        fsdp = parallel::fully_shard(model, mesh, options);
+        compute.reset();  // the gathered parameters carry the compute dtype
+      } else {
+        ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = c.overlap ? 1.0 : 1e6});
+      }
+      AdamW optimizer(model.parameters(), 1e-3);
+      parallel::Trainer trainer(optimizer, {.compute_dtype = compute,
+                                            .sync = fsdp ? static_cast<parallel::GradientSync*>(&*fsdp) : &*ddp});
       const Shape shape{batch, config.block_size};
+      const Placements batch_placements(mesh.ndim(), Shard(0));
+      parallel::FSDPStats before;
       double elapsed = 0;
       int64_t step_peak = 0;
       for (int step = 0; step < kWarmup + kSteps; ++step) {
         barrier(world);
         const parallel::StepReport report = trainer.step(step, [&](int64_t) {
           const TokenBatch b = data.get_batch(sampler.batch_at(step));
-          const DistTensor ids = DistTensor::from_local(b.inputs, mesh, {Shard(0)}, shape);
-          const DistTensor targets = DistTensor::from_local(b.targets, mesh, {Shard(0)}, shape);
+          const DistTensor ids = DistTensor::from_local(b.inputs, mesh, batch_placements, shape);
+          const DistTensor targets = DistTensor::from_local(b.targets, mesh, batch_placements, shape);
           return model.loss(ids, targets);
         });
+        if (fsdp && step + 1 == kWarmup) before = fsdp->stats();
         if (step < kWarmup) continue;
         elapsed += report.stats.seconds;
         for (int64_t bytes : report.stats.peak_memory_bytes) step_peak = std::max(step_peak, bytes);
@@ -84,6 +116,10 @@ void BM_TrainGpt(benchmark::State& state) {
       if (world.rank() == 0) {
         seconds = slowest;
         peak = step_peak;
+        if (fsdp) {
+          gather_wait = fsdp->stats().all_gather_wait_seconds - before.all_gather_wait_seconds;
+          reduce_wait = fsdp->stats().reduce_scatter_wait_seconds - before.reduce_scatter_wait_seconds;
+        }
       }
     });
     state.SetIterationTime(seconds / kSteps);
@@ -91,11 +127,16 @@ void BM_TrainGpt(benchmark::State& state) {
   state.counters["tokens_per_s"] = static_cast<double>(batch * config.block_size * kSteps) / seconds;
   state.counters["step_ms"] = seconds / kSteps * 1e3;
   state.counters["peak_MiB_per_rank"] = peak / 1048576.0;
+  if (c.fsdp > 0) {
+    // Rank 0's time blocked in all-gather and reduce-scatter waits, per step.
+    state.counters["gather_wait_ms"] = gather_wait / kSteps * 1e3;
+    state.counters["reduce_wait_ms"] = reduce_wait / kSteps * 1e3;
+  }
   state.SetLabel(c.name);
 }
 
 }  // namespace
 
-BENCHMARK(BM_TrainGpt)->DenseRange(0, 9)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_TrainGpt)->DenseRange(0, static_cast<int>(cases().size()) - 1)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -2,12 +2,15 @@
 //
 //   ./build/examples/train_gpt --mesh dp=2 --steps 200
 //   ./build/examples/train_gpt --config examples/configs/small.json --precision bf16
+//   ./build/examples/train_gpt --mesh dp=4 --fsdp 3              # ZeRO-3 (FSDP)
+//   ./build/examples/train_gpt --mesh replicate=2,dp=2 --fsdp 3 --hsdp
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
 //
 // Every flag can also come from a JSON file (--config) with the same keys; flags
 // given on the command line win. Run with --help for the list.
 #include <dtensor/dtensor.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -31,7 +34,7 @@ struct OptionSpec {
 
 const std::vector<OptionSpec>& option_specs() {
   static const std::vector<OptionSpec> specs = {
-      {"mesh", "dp=2", "parallel layout, e.g. dp=2 (the product is the number of ranks)"},
+      {"mesh", "dp=2", "parallel layout, e.g. dp=2 or replicate=2,dp=2 (the product is the number of ranks)"},
       {"backend", "threads", "threads (ranks are threads of this process) or mpi (run under mpirun)"},
       {"steps", "200", "optimizer steps"},
       {"batch", "16", "global batch in sequences (split over dp, then over grad-accum)"},
@@ -54,6 +57,8 @@ const std::vector<OptionSpec>& option_specs() {
       {"grad-accum", "1", "micro-batches per step"},
       {"checkpoint-activations", "false", "recompute each block's activations in backward", true},
       {"bucket-mb", "25", "DDP gradient bucket size in MiB"},
+      {"fsdp", "0", "0: DDP; 1, 2, 3: FSDP with that ZeRO stage, sharded over the mesh dim dp"},
+      {"hsdp", "false", "hybrid sharding: FSDP within dp, replicas across the mesh dim 'replicate'", true},
       {"seed", "1234", "seed of the model, the data order and dropout"},
       {"trace", "", "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", "2:2", "FIRST:COUNT of the steps to trace"},
@@ -173,23 +178,51 @@ class Options {
   std::map<std::string, std::string> values_;
 };
 
-// The mesh flag: "dp=2" (tensor, pipeline and fully sharded layouts arrive with
-// their issues).
-int64_t parse_dp(const std::string& mesh) {
-  const size_t eq = mesh.find('=');
-  if (eq == std::string::npos) throw std::invalid_argument("--mesh: expected NAME=SIZE such as dp=2, got '" + mesh + "'");
-  const std::string name = mesh.substr(0, eq), size = mesh.substr(eq + 1);
-  if (name != "dp") {
-    throw std::invalid_argument("--mesh: only the data-parallel dim 'dp' is supported in this release, got '" + name + "'");
+// The mesh flag: "dp=2" or "replicate=2,dp=2" (HSDP), one NAME=SIZE per dim.
+struct MeshSpec {
+  Shape shape;
+  std::vector<std::string> names;
+  int64_t ranks() const { return shape_numel(shape); }
+  int64_t size_of(const std::string& name) const {
+    for (size_t d = 0; d < names.size(); ++d) {
+      if (names[d] == name) return shape[d];
+    }
+    return 1;
   }
-  char* end = nullptr;
-  const long long n = std::strtoll(size.c_str(), &end, 10);
-  if (size.empty() || *end || n < 1) throw std::invalid_argument("--mesh: expected a positive size for dp, got '" + size + "'");
-  return n;
+  bool has(const std::string& name) const {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  }
+};
+
+MeshSpec parse_mesh(const std::string& mesh) {
+  MeshSpec spec;
+  std::stringstream in(mesh);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) throw std::invalid_argument("--mesh: expected NAME=SIZE[,NAME=SIZE] such as dp=2, got '" + mesh + "'");
+    const std::string name = item.substr(0, eq), size = item.substr(eq + 1);
+    if (name != "dp" && name != "replicate") {
+      throw std::invalid_argument("--mesh: dims are 'dp' (data parallel, sharded by --fsdp) and 'replicate' (HSDP replica groups) in this release, got '" + name + "'");
+    }
+    if (spec.has(name)) throw std::invalid_argument("--mesh: dim '" + name + "' given twice in '" + mesh + "'");
+    char* end = nullptr;
+    const long long n = std::strtoll(size.c_str(), &end, 10);
+    if (size.empty() || *end || n < 1) throw std::invalid_argument("--mesh: expected a positive size for " + name + ", got '" + size + "'");
+    spec.names.push_back(name);
+    spec.shape.push_back(n);
+  }
+  if (spec.names.empty()) throw std::invalid_argument("--mesh: expected NAME=SIZE such as dp=2, got '" + mesh + "'");
+  return spec;
 }
 
 struct Settings {
-  int64_t dp = 1, steps = 0, batch = 0, grad_accum = 1;
+  MeshSpec mesh;
+  std::string mesh_text;  // as given
+  int64_t dp = 1;  // data-parallel ranks: dp x replicate
+  int64_t fsdp = 0;
+  bool hsdp = false;
+  int64_t steps = 0, batch = 0, grad_accum = 1;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
   nn::GPTConfig model;
@@ -200,7 +233,22 @@ struct Settings {
 
 Settings read_settings(const Options& o) {
   Settings s;
-  s.dp = parse_dp(o.str("mesh"));
+  s.mesh_text = o.str("mesh");
+  s.mesh = parse_mesh(s.mesh_text);
+  s.dp = s.mesh.size_of("dp") * s.mesh.size_of("replicate");
+  s.fsdp = o.integer("fsdp");
+  s.hsdp = o.flag("hsdp");
+  if (s.fsdp < 0 || s.fsdp > 3) throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
+  if (s.fsdp > 0 && !s.mesh.has("dp")) {
+    throw std::invalid_argument("--fsdp " + std::to_string(s.fsdp) + " shards over the mesh dim 'dp', --mesh " + o.str("mesh") + " has none");
+  }
+  if (s.hsdp && (s.fsdp == 0 || !s.mesh.has("replicate"))) {
+    throw std::invalid_argument("--hsdp needs --fsdp 1|2|3 and a 'replicate' mesh dim (e.g. --mesh replicate=2,dp=2), got --fsdp " +
+                                std::to_string(s.fsdp) + " --mesh " + o.str("mesh"));
+  }
+  if (!s.hsdp && s.mesh.has("replicate")) {
+    throw std::invalid_argument("--mesh " + o.str("mesh") + ": a 'replicate' dim is for HSDP (add --fsdp N --hsdp)");
+  }
   s.backend = o.choice("backend", {"threads", "mpi"});
   s.steps = o.integer("steps");
   s.batch = o.integer("batch");
@@ -254,36 +302,53 @@ std::unique_ptr<TokenDataset> make_dataset(const Settings& s) {
 
 // One rank's training loop. Returns rank 0's log history through `log`.
 void train(Group world, const Settings& s, const TokenDataset& data) {
-  DeviceMesh mesh(world, {s.dp}, {"dp"});
+  DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
   if (!s.trace.empty()) Tracer::record_steps(s.trace_first, s.trace_count);
   nn::GPTConfig config = s.model;
   config.vocab = data.vocab_size();
   nn::GPT model(mesh, config, s.seed);
-  parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = s.bucket_mb});
-  AdamW optimizer(model.parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
-  // Short runs (tests, smoke checks) shorten the warmup rather than fail.
-  const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
-  DistributedSampler sampler(data.size(), s.batch, mesh.coordinate(0), s.dp, s.seed, true, s.grad_accum);
   const std::optional<DType> compute = s.precision == "bf16" ? std::optional<DType>(DType::BF16)
                                        : s.precision == "fp16" ? std::optional<DType>(DType::F16)
                                                                : std::nullopt;
+  // Data parallelism: DDP, or FSDP per block and then the root.
+  std::optional<parallel::DistributedDataParallel> ddp;
+  std::optional<parallel::FSDPModule> fsdp;
+  if (s.fsdp > 0) {
+    parallel::FSDPOptions options{.stage = static_cast<int>(s.fsdp), .replicate_dim = s.hsdp ? "replicate" : ""};
+    // 16-bit compute: gather the parameters in it, reduce gradients in F32.
+    if (compute) options.mixed_precision = {.param_dtype = compute, .reduce_dtype = DType::F32};
+    for (auto& [name, m] : model.named_modules()) {
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options);
+    }
+    fsdp = parallel::fully_shard(model, mesh, options);
+  } else {
+    ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = s.bucket_mb, .dp_dim = "dp"});
+  }
+  AdamW optimizer(model.parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
+  // Short runs (tests, smoke checks) shorten the warmup rather than fail.
+  const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
+  // Every data-parallel rank (replicate outer, dp inner) reads its own slice.
+  Placements batch_placements(mesh.ndim(), Shard(0));
+  const int64_t dp_rank = mesh.linear_index();
+  DistributedSampler sampler(data.size(), s.batch, dp_rank, s.dp, s.seed, true, s.grad_accum);
   const bool leader = world.rank() == 0;
   std::unique_ptr<TrainLog> log;
   if (leader && s.log != "quiet") {
     log = std::make_unique<TrainLog>(s.steps, s.log == "plain" ? TrainLog::Mode::Plain : TrainLog::Mode::Auto);
-    std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s, %s backend, "
+    const std::string parallelism = s.fsdp == 0 ? "DDP" : (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp);
+    std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
                 "%s%s\n",
                 static_cast<long long>(model.num_parameters()), static_cast<long long>(config.layers),
                 static_cast<long long>(config.dim), static_cast<long long>(config.heads),
                 static_cast<long long>(config.vocab), static_cast<long long>(config.block_size),
-                mesh.to_string().c_str(), world.backend().c_str(), s.precision.c_str(),
+                mesh.to_string().c_str(), parallelism.c_str(), world.backend().c_str(), s.precision.c_str(),
                 config.checkpoint_activations ? ", activation checkpointing" : "");
   }
   parallel::TrainerOptions training{.grad_accum = s.grad_accum,
                                     .clip_grad_norm = s.clip,
-                                    .compute_dtype = compute,
+                                    .compute_dtype = fsdp ? std::nullopt : compute,
                                     .schedule = &schedule,
-                                    .sync = &ddp,
+                                    .sync = fsdp ? static_cast<parallel::GradientSync*>(&*fsdp) : &*ddp,
                                     .tokens_per_step = s.batch * config.block_size};
   if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
   parallel::Trainer trainer(optimizer, training);
@@ -291,8 +356,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   for (int64_t step = 0; step < s.steps; ++step) {
     const parallel::StepReport report = trainer.step(step, [&](int64_t micro) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, micro_shape);
-      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, micro_shape);
+      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, batch_placements, micro_shape);
+      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, batch_placements, micro_shape);
       return model.loss(ids, targets);
     });
     if (log) log->step(report.stats);
@@ -325,8 +390,8 @@ int main(int argc, char** argv) {
     const std::unique_ptr<TokenDataset> data = make_dataset(settings);
     if (settings.backend == "mpi") {
       Group world = init("mpi");
-      if (world.size() != settings.dp) {
-        throw std::invalid_argument("--mesh dp=" + std::to_string(settings.dp) + " needs " + std::to_string(settings.dp) +
+      if (world.size() != settings.mesh.ranks()) {
+        throw std::invalid_argument("--mesh " + settings.mesh_text + " needs " + std::to_string(settings.mesh.ranks()) +
                                     " ranks, mpirun started " + std::to_string(world.size()));
       }
       std::string trace = settings.trace;
@@ -341,7 +406,7 @@ int main(int argc, char** argv) {
       if (!trace.empty()) std::printf("trace: %s\n", Tracer::stop().c_str());
     } else {
       if (!settings.trace.empty()) Tracer::start(settings.trace);
-      launch(static_cast<int>(settings.dp), [&](Group world) { train(world, settings, *data); });
+      launch(static_cast<int>(settings.mesh.ranks()), [&](Group world) { train(world, settings, *data); });
       if (!settings.trace.empty()) std::printf("trace: %s (open in Perfetto)\n", Tracer::stop().c_str());
     }
   } catch (const std::exception& e) {
