@@ -68,13 +68,14 @@ void BM_TrainGpt(benchmark::State& state) {
   config.checkpoint_activations = c.checkpoint;
   const int64_t batch = 16;
   double seconds = 0, gather_wait = 0, reduce_wait = 0;
-  int64_t peak = 0;
+  int64_t peak = 0, resident = 0;
   for (auto _ : state) {
     launch(c.ranks, [&](Group world) {
       const DeviceMesh mesh = c.hsdp ? DeviceMesh(world, {2, c.ranks / 2}, {"replicate", "dp"})
                                      : DeviceMesh(world, {c.ranks}, {"dp"});
       SyntheticLanguage data(config.vocab, config.block_size, 1024, 1);
       DistributedSampler sampler(data.size(), batch, mesh.linear_index(), c.ranks, 1);
+      const int64_t live_before = memory_stats().live_bytes;
       nn::GPT model(mesh, config, 1);
       std::optional<DType> compute;
       if (c.compute != DType::F32) compute = c.compute;
@@ -112,10 +113,14 @@ void BM_TrainGpt(benchmark::State& state) {
         elapsed += report.stats.seconds;
         for (int64_t bytes : report.stats.peak_memory_bytes) step_peak = std::max(step_peak, bytes);
       }
+      // What stays between steps: parameters (and kept gathered copies), optimizer state.
+      const double state_bytes = all_reduce(world, Tensor::full({1}, static_cast<double>(memory_stats().live_bytes - live_before), DType::F64),
+                                            ReduceOp::Max).item<double>();
       const double slowest = all_reduce(world, Tensor::full({1}, elapsed, DType::F64), ReduceOp::Max).item<double>();
       if (world.rank() == 0) {
         seconds = slowest;
         peak = step_peak;
+        resident = static_cast<int64_t>(state_bytes);
         if (fsdp) {
           gather_wait = fsdp->stats().all_gather_wait_seconds - before.all_gather_wait_seconds;
           reduce_wait = fsdp->stats().reduce_scatter_wait_seconds - before.reduce_scatter_wait_seconds;
@@ -127,6 +132,7 @@ void BM_TrainGpt(benchmark::State& state) {
   state.counters["tokens_per_s"] = static_cast<double>(batch * config.block_size * kSteps) / seconds;
   state.counters["step_ms"] = seconds / kSteps * 1e3;
   state.counters["peak_MiB_per_rank"] = peak / 1048576.0;
+  state.counters["resident_MiB_per_rank"] = resident / 1048576.0;
   if (c.fsdp > 0) {
     // Rank 0's time blocked in all-gather and reduce-scatter waits, per step.
     state.counters["gather_wait_ms"] = gather_wait / kSteps * 1e3;
