@@ -23,6 +23,7 @@
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
 #include "dtensor/parallel/trainer.h"
+#include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/placement.h"
 #include "dtensor/random.h"
 #include "dtensor/redistribute.h"

@@ -87,6 +87,10 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+void Module::zero_grad() {
+  for (const auto& [_, p] : named_parameters()) p.zero_grad();
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [_, child] : children_) child->train(on);

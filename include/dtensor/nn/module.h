@@ -54,6 +54,9 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules();
   int64_t num_parameters() const;  // global element count
 
+  // Drops every parameter's gradient.
+  void zero_grad();
+
   void train(bool on = true);
   void eval() { train(false); }
   bool training() const { return training_; }
