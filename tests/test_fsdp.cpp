@@ -9,6 +9,7 @@
 #include "dtensor/nn/gpt.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
+#include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/parallel/trainer.h"
 #include "parallel/fsdp_flat.h"
 #include "test_helpers.h"
@@ -103,6 +104,7 @@ struct Setup {
   std::optional<parallel::FSDPOptions> fsdp;  // none: one rank or DDP
   bool ddp = false;
   bool tensor_parallel = false;  // hand-built TP layouts on the "tp" dim before FSDP
+  std::optional<parallel::GPTPlanOptions> tp_plan;  // parallelize_module with gpt_tp_plan on "tp" before FSDP
   int accum = 1;
   double clip = 0;
   int steps = 10;
@@ -158,6 +160,7 @@ TrainRun train(const Setup& s) {
     DistributedSampler sampler(data.size(), global_batch, dp_rank, dp_size, 5, true, s.accum);
     nn::GPT model(mesh, config, 42);
     if (s.tensor_parallel) shard_tensor_parallel(model, mesh);
+    if (s.tp_plan) parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config, *s.tp_plan));
     std::optional<parallel::DistributedDataParallel> ddp;
     std::optional<parallel::FSDPModule> root;
     if (s.ddp) ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = 0.001});
@@ -304,6 +307,23 @@ TEST(Fsdp, OverTensorParallelTwoByTwoMatchesOneRank) {
   const TrainRun accumulated = train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}, .fsdp = stage(2),
                                  .tensor_parallel = true, .accum = 2, .clip = 0.5});
   expect_same_training(accumulated, train({.accum = 2, .clip = 0.5}), "stage 2 over TP, accumulation");
+}
+
+// The 2-D composition with the tensor-parallel module: Megatron's plan on tp
+// (heads, MLP hidden and vocabulary sharded; sequence parallel too), then FSDP on dp.
+TEST(Fsdp, OverParallelizeModuleTwoByTwoMatchesOneRank) {
+  // Heads and the MLP hidden must divide by tp = 2: 2 heads of 9, hidden 30.
+  const TrainRun one = train({.clip = 0.5, .sgd = true});
+  for (bool sp : {false, true}) {
+    for (int s : {2, 3}) {
+      const TrainRun run = train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}, .fsdp = stage(s),
+                                  .tp_plan = parallel::GPTPlanOptions{.sequence_parallel = sp}, .clip = 0.5, .sgd = true});
+      expect_same_training(run, one, std::string("FSDP stage ") + std::to_string(s) + " over gpt_tp_plan" +
+                                         (sp ? " with sequence parallelism" : ""));
+      EXPECT_EQ(run.placements.at("blocks.0.attn.q.weight"), "S(0,order=1),S(0)");
+      EXPECT_EQ(run.placements.at("tokens.weight"), "S(0,order=1),S(0)") << "vocab-parallel embedding";
+    }
+  }
 }
 
 TEST(Fsdp, DdpAcceptsParametersShardedOverDp) {
