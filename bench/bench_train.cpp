@@ -27,6 +27,7 @@ struct Case {
   int fsdp = 0;         // ZeRO stage; 0: DDP
   bool prefetch = true;
   bool hsdp = false;    // ranks as replicate=2 x dp=ranks/2
+  bool tp = false;      // ranks as dp=ranks/2 x tp=2, Megatron's plan on tp
 };
 
 const std::vector<Case>& cases() {
@@ -51,6 +52,8 @@ const std::vector<Case>& cases() {
       {"medium dp=4 zero3 checkpointing", true, 4, true, DType::F32, true, 3},
       {"medium dp=4 checkpointing", true, 4, true, DType::F32, true},
       {"medium hsdp 2x2 zero3", true, 4, true, DType::F32, false, 3, true, true},
+      {"medium dp=2,tp=2", true, 4, true, DType::F32, false, 0, true, false, true},
+      {"medium dp=2,tp=2 zero3", true, 4, true, DType::F32, false, 3, true, false, true},
   };
   return list;
 }
@@ -72,11 +75,15 @@ void BM_TrainGpt(benchmark::State& state) {
   for (auto _ : state) {
     launch(c.ranks, [&](Group world) {
       const DeviceMesh mesh = c.hsdp ? DeviceMesh(world, {2, c.ranks / 2}, {"replicate", "dp"})
+                              : c.tp ? DeviceMesh(world, {c.ranks / 2, 2}, {"dp", "tp"})
                                      : DeviceMesh(world, {c.ranks}, {"dp"});
+      const int64_t dp_size = c.tp ? c.ranks / 2 : c.ranks;
+      const int64_t dp_rank = c.tp ? mesh.coordinate(0) : mesh.linear_index();
       SyntheticLanguage data(config.vocab, config.block_size, 1024, 1);
-      DistributedSampler sampler(data.size(), batch, mesh.linear_index(), c.ranks, 1);
+      DistributedSampler sampler(data.size(), batch, dp_rank, dp_size, 1);
       const int64_t live_before = memory_stats().live_bytes;
       nn::GPT model(mesh, config, 1);
+      if (c.tp) parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config));
       std::optional<DType> compute;
       if (c.compute != DType::F32) compute = c.compute;
       std::optional<parallel::DistributedDataParallel> ddp;
@@ -90,13 +97,14 @@ void BM_TrainGpt(benchmark::State& state) {
         fsdp = parallel::fully_shard(model, mesh, options);
         compute.reset();  // the gathered parameters carry the compute dtype
       } else {
-        ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = c.overlap ? 1.0 : 1e6});
+        ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = c.overlap ? 1.0 : 1e6, .dp_dim = "dp"});
       }
       AdamW optimizer(model.parameters(), 1e-3);
       parallel::Trainer trainer(optimizer, {.compute_dtype = compute,
                                             .sync = fsdp ? static_cast<parallel::GradientSync*>(&*fsdp) : &*ddp});
       const Shape shape{batch, config.block_size};
-      const Placements batch_placements(mesh.ndim(), Shard(0));
+      Placements batch_placements(mesh.ndim(), Shard(0));
+      if (c.tp) batch_placements[1] = Replicate();
       parallel::FSDPStats before;
       double elapsed = 0;
       int64_t step_peak = 0;
