@@ -19,7 +19,7 @@ namespace {
 
 struct Case {
   const char* name;
-  bool medium;
+  bool medium;  // medium (or small); `wide` below overrides both
   int ranks;
   bool overlap;
   DType compute;
@@ -28,6 +28,7 @@ struct Case {
   bool prefetch = true;
   bool hsdp = false;    // ranks as replicate=2 x dp=ranks/2
   bool tp = false;      // ranks as dp=ranks/2 x tp=2, Megatron's plan on tp
+  bool wide = false;    // dim 256, 4 layers, seq 16: parameters outweigh activations
 };
 
 const std::vector<Case>& cases() {
@@ -54,6 +55,8 @@ const std::vector<Case>& cases() {
       {"medium hsdp 2x2 zero3", true, 4, true, DType::F32, false, 3, true, true},
       {"medium dp=2,tp=2", true, 4, true, DType::F32, false, 0, true, false, true},
       {"medium dp=2,tp=2 zero3", true, 4, true, DType::F32, false, 3, true, false, true},
+      {"wide dp=4", true, 4, true, DType::F32, false, 0, true, false, false, true},
+      {"wide dp=4 zero3", true, 4, true, DType::F32, false, 3, true, false, false, true},
   };
   return list;
 }
@@ -69,6 +72,12 @@ void BM_TrainGpt(benchmark::State& state) {
   config.dim = c.medium ? 128 : 64;
   config.heads = c.medium ? 8 : 4;
   config.checkpoint_activations = c.checkpoint;
+  if (c.wide) {
+    config.block_size = 16;
+    config.layers = 4;
+    config.dim = 256;
+    config.heads = 8;
+  }
   const int64_t batch = 16;
   double seconds = 0, gather_wait = 0, reduce_wait = 0;
   int64_t peak = 0, resident = 0;

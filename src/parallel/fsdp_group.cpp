@@ -35,7 +35,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-
 ParamGroup* next_in(const std::vector<ParamGroup*>& order, const ParamGroup* current) {
   auto it = std::find(order.begin(), order.end(), current);
   return it == order.end() || it + 1 == order.end() ? nullptr : *(it + 1);
