@@ -150,7 +150,9 @@ class FSDPModule : public GradientSync {
 
   // The module's parameters by name (see StateDictOptions), and loading them back:
   // any layout is accepted and moved to the parameter's; the gathered copies are
-  // refreshed before the next forward.
+  // refreshed before the next forward. (nn::Module::load_state_dict writes the shards
+  // too, but stages 1 and 2 would then keep computing with their old gathered copies
+  // until the next optimizer step: load through this one.)
   std::map<std::string, DistTensor> state_dict(StateDictOptions options = {}) const;
   void load_state_dict(const std::map<std::string, DistTensor>& state);
 
