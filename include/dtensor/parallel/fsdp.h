@@ -164,7 +164,8 @@ class FSDPModule : public GradientSync {
 
 // Shards the parameters of `module` that no earlier fully_shard of one of its
 // sub-modules took, over `mesh`'s shard_dim (the parameters' mesh). Apply it to the
-// blocks first, then to the root. Collective over the mesh.
+// blocks first, then to the root. Every rank of the mesh calls it the same way; it
+// communicates nothing (each rank keeps its own chunk of its replicated copy).
 FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOptions& options = {});
 
 }  // namespace dtensor::parallel
