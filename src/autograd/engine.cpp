@@ -10,6 +10,30 @@ namespace {
 
 thread_local bool grad_mode = true;           // per rank
 thread_local uint64_t next_sequence_nr = 0;   // per rank: same program, same numbers
+thread_local int backward_depth = 0;          // backwards running on this rank (nested > 1)
+thread_local std::vector<std::function<void()>> end_of_backward;  // queue_callback
+
+// Counts a running backward; the outermost one runs the queued callbacks when it
+// completes and drops them when it unwinds with an exception.
+class BackwardScope {
+ public:
+  BackwardScope() { ++backward_depth; }
+  ~BackwardScope() {
+    if (--backward_depth == 0) end_of_backward.clear();
+  }
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+
+  void run_callbacks() {
+    if (backward_depth != 1) return;
+    // Index loop: a callback may queue another.
+    for (size_t i = 0; i < end_of_backward.size(); ++i) {
+      std::function<void()> fn = std::move(end_of_backward[i]);
+      fn();
+    }
+    end_of_backward.clear();
+  }
+};
 
 std::shared_ptr<DistTensor::AutogradMeta> meta_of(const DistTensor& t) { return t.impl()->autograd; }
 
@@ -90,6 +114,13 @@ void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook) {
 
 namespace autograd {
 
+bool in_backward() { return backward_depth > 0; }
+
+void queue_callback(std::function<void()> fn) {
+  DT_CHECK_ARG(backward_depth > 0, "queue_callback", "expected to be called during a backward");
+  end_of_backward.push_back(std::move(fn));
+}
+
 bool needs_grad(const std::vector<DistTensor>& inputs) {
   if (!grad_mode) return false;
   for (const DistTensor& t : inputs) {
@@ -168,6 +199,7 @@ void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph)
   inbox[start.node.get()][start.input_nr] = root_grad;
   ready.push(start.node.get());
 
+  BackwardScope scope;
   NoGradGuard no_grad;  // backward functions are not themselves recorded
   while (!ready.empty()) {
     autograd::Node* node = ready.top();
@@ -192,6 +224,7 @@ void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph)
       node->released = true;
     }
   }
+  scope.run_callbacks();
 }
 
 }  // namespace dtensor
