@@ -14,6 +14,7 @@
 #include "dtensor/dtype.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"
+#include "dtensor/local_map.h"
 #include "dtensor/nn/checkpoint.h"
 #include "dtensor/nn/gpt.h"
 #include "dtensor/nn/layers.h"
