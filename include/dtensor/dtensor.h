@@ -28,6 +28,7 @@
 #include "dtensor/placement.h"
 #include "dtensor/random.h"
 #include "dtensor/redistribute.h"
+#include "dtensor/sharding_rule.h"
 #include "dtensor/tensor.h"
 #include "dtensor/tensor_ops.h"
 #include "dtensor/trace.h"
