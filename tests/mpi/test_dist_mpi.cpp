@@ -185,6 +185,56 @@ TEST(DistMpi, FsdpStagesAndHsdpMatchOneRank) {
   }
 }
 
+// Across meshes between processes: the first half of the ranks hands a tensor to
+// the second half (a pipeline stage's activations), values and gradient; and the
+// whole world to itself in another shape.
+TEST(DistMpi, RedistributeAcrossMeshes) {
+  Group world = init("mpi");
+  const int half = world.size() / 2;
+  std::vector<int> first, second;
+  for (int r = 0; r < world.size(); ++r) (r < half ? first : second).push_back(r);
+  const DeviceMesh front = DeviceMesh::from_ranks(world, first, {half}, {"front"});
+  const DeviceMesh back = DeviceMesh::from_ranks(world, second, {static_cast<int64_t>(second.size())}, {"back"});
+  const Tensor full = Tensor::randn({5, 3}, 7), weight = Tensor::randn({5, 3}, 8);
+  for (const Placement& from : {Shard(0), Replicate()}) {
+    for (const Placement& to : {Shard(1), Replicate(), Partial()}) {
+      DistTensor x = distribute(full, front, {from});
+      x.set_requires_grad();
+      const DistTensor y = x.redistribute(back, {to});
+      if (back.is_member()) {
+        EXPECT_TRUE(allclose(y.full_tensor(), full, 1e-6, 1e-6)) << from.to_string() << " -> " << to.to_string();
+        sum(mul(y, distribute(weight, back, {Replicate()}))).backward();
+      } else {
+        y.backward();
+      }
+      if (front.is_member()) EXPECT_TRUE(allclose(x.grad().full_tensor(), weight, 1e-6, 1e-6));
+    }
+  }
+  if (world.size() == 4) {
+    const DeviceMesh line(world, {4}), square(world, {2, 2});
+    const DistTensor u = distribute(full, line, {Shard(0)}).redistribute(square, {Shard(1), Shard(0)});
+    EXPECT_TRUE(allclose(u.full_tensor(), full, 0, 0));
+  }
+}
+
+// local_map and a user op with its own sharding rule, on processes.
+TEST(DistMpi, LocalMapAndCustomOp) {
+  Group world = init("mpi");
+  DeviceMesh mesh(world, {world.size()});
+  const Tensor xf = add(Tensor::rand({7, 3}, 1), 0.5);
+  DistTensor x = distribute(xf, mesh, {Shard(1)});
+  x.set_requires_grad();
+  const std::vector<DistTensor> out = local_map(
+      [](const std::vector<DistTensor>& p) { return std::vector<DistTensor>{div(p[0], sum(p[0], {1}, true))}; },
+      {{Shard(0)}}, {{Shard(0)}}, {x});
+  EXPECT_TRUE(allclose(out[0].full_tensor(), div(xf, sum(xf, {1}, true)), 1e-6, 1e-6));
+  sum(out[0]).backward();
+  EXPECT_EQ(x.grad().shape(), (Shape{7, 3}));
+  static const CustomOp scaled{"mpi.scaled", ShardingRule::parse("ab->ab"),
+                               [](const std::vector<Tensor>& l) { return mul(l[0], 3.0); }};
+  EXPECT_TRUE(allclose(scaled({x}).full_tensor(), mul(xf, 3.0), 1e-6, 1e-6));
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   Group world = init("mpi");
