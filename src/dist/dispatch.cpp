@@ -137,14 +137,15 @@ void unify_nesting(Strategy& s, const EinsumSpec& spec, const std::vector<DistTe
   }
 }
 
-// What a strategy that leaves its output Partial defers: the bandwidth part of the
-// all-reduce that will resolve it, for the mesh dims where the strategy creates
-// the Partial (a contraction over a sharded letter; a Partial passed through from
-// an input was already owed). The latency part is not charged: a Partial that
-// later ops absorb or shrink is reduced once, possibly never at this size, so
-// only where it is reduced (how many bytes) depends on this choice. This is what
-// makes x @ w with w sharded on the contracted dim move w (an all-to-all of the
-// small weight) rather than leave a large activation Partial.
+// What a strategy that leaves its output Partial defers, for the mesh dims where it
+// creates the Partial (a contraction over a sharded letter; a Partial passed through
+// from an input was already owed): resolving a Partial costs an all-reduce where a
+// sharded output would cost an all-gather, twice the bytes; the difference in
+// bandwidth is charged. Latency is not: a Partial that later ops absorb or shrink is
+// reduced once, maybe never at this size, so only where it is reduced (how many
+// bytes) depends on this choice. This makes x @ w with w sharded on the contracted
+// dim move a small w (an all-to-all) rather than leave a large activation Partial,
+// while a vocab-parallel lookup (a large table, a smaller activation) stays Partial.
 double deferred_reduction_cost(const Strategy& s, const Shape& out_shape, const std::vector<DistTensor>& inputs) {
   const DeviceMesh& mesh = inputs[0].mesh();
   // The planner's model (placements/planner.cpp): threads ranks share one host.
@@ -158,7 +159,8 @@ double deferred_reduction_cost(const Strategy& s, const Shape& out_shape, const 
     if (passed_through) continue;
     const int64_t bytes = shape_numel(local_shape(out_shape, mesh.shape(), s.output, std::vector<int64_t>(mesh.ndim(), 0))) *
                           static_cast<int64_t>(dtype_size(inputs[0].dtype()));
-    seconds += model.all_reduce(bytes, mesh.size(m)) - model.all_reduce(0, mesh.size(m));
+    seconds += (model.all_reduce(bytes, mesh.size(m)) - model.all_reduce(0, mesh.size(m))) -
+               (model.all_gather(bytes, mesh.size(m)) - model.all_gather(0, mesh.size(m)));
   }
   return seconds;
 }

@@ -15,9 +15,9 @@
 // letter's dim, or Partial(sum) when the letter is contracted away), or passes a
 // Partial through an input the op is linear in, if the output is no larger than
 // that input (a Partial is resolved at the smallest tensor it reaches). A strategy
-// that creates a Partial is charged the bandwidth of its later all-reduce
-// (Strategy::deferred_seconds), so that keeping an operand in place by leaving a
-// large output Partial loses to moving a small operand now.
+// that creates a Partial is charged what resolving it costs beyond resolving a
+// sharded output (Strategy::deferred_seconds), so that keeping an operand in place
+// by leaving a large output Partial loses to moving a small operand now.
 #pragma once
 
 #include <cstdint>
@@ -35,10 +35,11 @@ namespace dtensor::dispatch {
 struct Strategy {
   std::vector<Placements> inputs;
   Placements output;
-  // The bandwidth part of the all-reduce that will resolve the Partials this
-  // strategy creates (not those it passes through), charged when strategies are
-  // compared: keeping operands in place by leaving a large output Partial must not
-  // beat moving a small operand now (dispatch.cpp). 0 without created Partials.
+  // For the Partials this strategy creates (not those it passes through): the
+  // bandwidth an all-reduce needs beyond an all-gather of the output, charged when
+  // strategies are compared, so that keeping operands in place by leaving a large
+  // output Partial does not beat moving a small operand now (dispatch.cpp). 0
+  // without created Partials.
   double deferred_seconds = 0;
 };
 
