@@ -228,5 +228,20 @@ TEST(DeviceMesh, ConstructionErrors) {
   });
 }
 
+TEST(DeviceMesh, SpecStringsParseAndPrintBack) {
+  const MeshSpec spec = parse_mesh_spec(" dp = 2 ,tp=4");
+  EXPECT_EQ(spec.shape, (Shape{2, 4}));
+  EXPECT_EQ(spec.names, (std::vector<std::string>{"dp", "tp"}));
+  EXPECT_EQ(spec.to_string(), "dp=2,tp=4");
+  launch(8, [&](Group world) { EXPECT_EQ(DeviceMesh(world, spec.shape, spec.names).to_string(), spec.to_string()); });
+  EXPECT_THROW_MSG(parse_mesh_spec(""), std::invalid_argument, "[mesh] '' at position 0: expected a dim name");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp"), std::invalid_argument, "at position 2: expected '=' after the dim name 'dp'");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=0"), std::invalid_argument, "at position 3: expected a positive integer size");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=2;tp=2"), std::invalid_argument, "at position 4: expected ',' or the end");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=2,"), std::invalid_argument, "at position 5: expected a dim name");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=2,dp=2"), std::invalid_argument, "duplicate dim name 'dp'");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=99999999999999"), std::invalid_argument, "a dim size below 2^40");
+}
+
 }  // namespace
 }  // namespace dtensor

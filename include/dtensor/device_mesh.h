@@ -75,4 +75,16 @@ class DeviceMesh {
   std::shared_ptr<const Impl> impl_;
 };
 
+// A mesh layout as written on command lines and printed by to_string(): "dp=2,tp=4"
+// (spaces around names, '=' and ',' allowed). DeviceMesh(world, spec.shape,
+// spec.names) builds it; its to_string() gives the canonical text back.
+struct MeshSpec {
+  Shape shape;
+  std::vector<std::string> names;
+  std::string to_string() const;  // "dp=2,tp=4"
+};
+// std::invalid_argument naming the position and what was expected: sizes are
+// integers >= 1, names non-empty without ',', '=' or spaces, and distinct.
+MeshSpec parse_mesh_spec(std::string_view text);
+
 }  // namespace dtensor

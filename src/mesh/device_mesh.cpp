@@ -366,6 +366,59 @@ std::string DeviceMesh::to_string() const {
   return out;
 }
 
+std::string MeshSpec::to_string() const {
+  std::string out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (d) out += ',';
+    out += names[d] + "=" + std::to_string(shape[d]);
+  }
+  return out;
+}
+
+MeshSpec parse_mesh_spec(std::string_view text) {
+  MeshSpec spec;
+  size_t pos = 0;
+  auto fail = [&](const std::string& what) -> void {
+    throw std::invalid_argument(detail::concat("[mesh] '", std::string(text), "' at position ", pos, ": expected ",
+                                               what));
+  };
+  auto skip_spaces = [&] {
+    while (pos < text.size() && text[pos] == ' ') ++pos;
+  };
+  while (true) {
+    skip_spaces();
+    const size_t name_start = pos;
+    while (pos < text.size() && text[pos] != '=' && text[pos] != ',' && text[pos] != ' ') ++pos;
+    if (pos == name_start) fail("a dim name");
+    std::string name(text.substr(name_start, pos - name_start));
+    skip_spaces();
+    if (pos >= text.size() || text[pos] != '=') fail("'=' after the dim name '" + name + "'");
+    ++pos;
+    skip_spaces();
+    const size_t size_start = pos;
+    int64_t size = 0;
+    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+      if (size > (int64_t{1} << 40)) fail("a dim size below 2^40");
+      size = size * 10 + (text[pos++] - '0');
+    }
+    if (pos == size_start || size < 1) {
+      pos = size_start;
+      fail("a positive integer size for '" + name + "'");
+    }
+    spec.shape.push_back(size);
+    spec.names.push_back(std::move(name));
+    skip_spaces();
+    if (pos == text.size()) break;
+    if (text[pos] != ',') fail("',' or the end");
+    ++pos;
+  }
+  std::set<std::string> seen;
+  for (const std::string& name : spec.names) {
+    DT_CHECK_ARG(seen.insert(name).second, "mesh", "duplicate dim name '", name, "' in '", std::string(text), "'");
+  }
+  return spec;
+}
+
 bool DeviceMesh::operator==(const DeviceMesh& other) const {
   if (impl_ == other.impl_) return true;  // the common case in op dispatch
   if (!impl_ || !other.impl_) return false;
