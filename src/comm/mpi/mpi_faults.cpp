@@ -189,6 +189,14 @@ Watch::~Watch() {
   s.seq.store(s.seq.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
+const WatchedGroup* watched_group(std::string name, int rank, int size) {
+  static std::mutex mutex;
+  static auto* groups = new std::vector<std::unique_ptr<WatchedGroup>>;
+  std::lock_guard<std::mutex> lock(mutex);
+  groups->push_back(std::make_unique<WatchedGroup>(WatchedGroup{std::move(name), rank, size}));
+  return groups->back().get();
+}
+
 void abort_job(const std::string& message, int code) {
   std::fprintf(stderr, "[dtensor] rank %d of MPI_COMM_WORLD: %s\n", world_rank.load(), message.c_str());
   std::fflush(stderr);

@@ -21,12 +21,13 @@
 
 namespace dtensor::comm {
 
-// What the watchdog says about a group: allocated once per group and never freed,
-// so the watchdog thread may read it whenever it likes.
+// What the watchdog says about a group: made once per group and never freed (kept
+// in a process-wide list), so the watchdog thread may read it whenever it likes.
 struct WatchedGroup {
   std::string name;
   int rank = 0, size = 1;
 };
+const WatchedGroup* watched_group(std::string name, int rank, int size);
 
 // One blocking call of this thread, watched while the object lives. Costs a few
 // relaxed stores and one release store each way (no clock read, no lock).

@@ -93,7 +93,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     // the call for collectives (instead of MPI's bare abort).
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     if (debug_collectives()) MPI_Comm_dup(comm_, &debug_comm_);
-    watched_ = new WatchedGroup{name_, rank_, size_};  // never freed (mpi_faults.h)
+    watched_ = watched_group(name_, rank_, size_);
   }
   ~MPIGroup() override {
     int finalized = 0;
