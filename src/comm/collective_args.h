@@ -194,7 +194,12 @@ class CallBuffers {
   // the backends read peers' inputs while writing outputs (threads) or forbid
   // aliased buffers (MPI), so the input is read from a snapshot instead.
   void stage_overlapping_input(const void* in_place) {
-    if (in().data_ptr() == in_place || !memory_overlaps(in(), out())) return;
+    // Both buffers are contiguous here (stand-ins are, and so are tensors used as
+    // they are), so their byte ranges are simply [data, data + nbytes).
+    const auto* in_data = static_cast<const std::byte*>(in().data_ptr());
+    const auto* out_data = static_cast<const std::byte*>(out().data_ptr());
+    if (in_data == in_place || in_data == nullptr || out_data == nullptr) return;
+    if (in_data + in().nbytes() <= out_data || out_data + out().nbytes() <= in_data) return;
     in_copy_ = input_.clone();
   }
   // Sync: waits and copies a stand-in's result into the output. Async: a Work that

@@ -290,8 +290,17 @@ void ThreadsGroup::throw_poisoned(uint64_t target) const {
                                           " left an earlier call: ", reason));
 }
 
-std::string ThreadsGroup::reason_to_leave(uint64_t target, Clock::time_point deadline,
-                                          Clock::time_point& next_graph_check) {
+std::string ThreadsGroup::timeout_reason(uint64_t target) const {
+  std::vector<int64_t> missing;
+  for (int r = 0; r < size(); ++r) {
+    if (shared_->slots[r].step.load(std::memory_order_acquire) < target) missing.push_back(r);
+  }
+  return detail::concat("[", current_op_, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
+                        "' (threads, size ", size(), ", this is rank ", rank_, "): ranks ", shape_to_string(missing),
+                        launch_ranks(missing), " did not arrive");
+}
+
+std::string ThreadsGroup::reason_to_leave(uint64_t target, bool walk_graph) {
   const World& world = *shared_->world;
   if (world.aborted()) {
     return detail::concat("[", current_op_, "] released from group '", name_, "' because ", world.abort_reason());
@@ -306,19 +315,7 @@ std::string ThreadsGroup::reason_to_leave(uint64_t target, Clock::time_point dea
                             ") returned from its launch function without making this call: the ranks' calls diverged");
     }
   }
-  const auto now = Clock::now();
-  if (now >= deadline) {
-    std::vector<int64_t> missing;
-    for (int r = 0; r < size(); ++r) {
-      if (slots[r].step.load(std::memory_order_acquire) < target) missing.push_back(r);
-    }
-    return detail::concat("[", current_op_, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
-                          "' (threads, size ", size(), ", this is rank ", rank_, "): ranks ", shape_to_string(missing),
-                          launch_ranks(missing), " did not arrive");
-  }
-  // The wait-for graph is walked at most once a millisecond (it locks peers' records).
-  if (!on_async_worker() && now >= next_graph_check) {
-    next_graph_check = now + std::chrono::milliseconds(1);
+  if (walk_graph) {
     std::string cycle = world.find_deadlock(shared_->world_ranks[rank_], *shared_, target);
     if (!cycle.empty()) {
       return detail::concat("[", current_op_, "] deadlock in group '", name_, "' (threads, size ", size(),
@@ -342,24 +339,28 @@ void ThreadsGroup::enter_call() {
     return (v & ~Gate::kPoisoned) >= need && !broken(v);
   };
   const auto deadline = this->deadline();
-  auto next_graph_check = Clock::now();
   std::string reason;
-  // The rank's own thread publishes what it waits for once the wait is slow (the
-  // first call of `stuck` comes after the spinning), for peers' deadlock checks.
-  bool published = false;
+  // Every check of a waiting rank: flags only (ranks time-sharing a core wait past
+  // the spinning on most calls, and must not pay for more each time).
   auto stuck = [&] {
-    if (!published && !on_async_worker()) {
-      shared_->world->block(shared_->world_ranks[rank_], shared_, target, me().to_string());
-      published = true;
-    }
     if (broken(gate.arrivals.load(std::memory_order_acquire))) return true;
-    reason = reason_to_leave(target, deadline, next_graph_check);
+    reason = reason_to_leave(target, false);
     return !reason.empty();
   };
-  const WaitResult result = shared_->signal->wait(ready, stuck, deadline);
+  // Once the wait sleeps (half a millisecond in), the rank's own thread publishes
+  // what it waits for and walks the wait-for graph, once per sleep slice.
+  bool published = false;
+  auto slow = [&] {
+    if (on_async_worker()) return false;
+    if (!published) shared_->world->block(shared_->world_ranks[rank_], shared_, target, me().to_string());
+    published = true;
+    reason = reason_to_leave(target, true);
+    return !reason.empty();
+  };
+  const WaitResult result = shared_->signal->wait(ready, stuck, deadline, slow);
   if (published) shared_->world->unblock(shared_->world_ranks[rank_]);
   if (result == WaitResult::Ready) return;
-  if (reason.empty() && result == WaitResult::TimedOut) reason = reason_to_leave(target, deadline, next_graph_check);
+  if (result == WaitResult::TimedOut) reason = timeout_reason(target);
   if (reason.empty()) throw_poisoned(target);  // a peer left first
   if (!poison(target, reason)) return;         // every rank arrived meanwhile: go on
   throw std::runtime_error(reason);

@@ -225,8 +225,10 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   // The first barrier of a call: the only one a rank may leave early (throwing),
   // by poisoning the group. Returns once every rank arrived.
   void enter_call();
-  // Why this rank cannot wait any longer at `target`, "" if it can.
-  std::string reason_to_leave(uint64_t target, Clock::time_point deadline, Clock::time_point& next_graph_check);
+  // Why this rank cannot wait any longer at `target` (an abort, a peer that returned,
+  // with `walk_graph` a deadlock through the wait-for graph), "" if it can.
+  std::string reason_to_leave(uint64_t target, bool walk_graph);
+  std::string timeout_reason(uint64_t target) const;
   // Poisons the group at `target` with `reason`; false if the barrier completed first
   // (the call then goes on).
   bool poison(uint64_t target, const std::string& reason);
