@@ -19,7 +19,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::atomic<int> world_rank{-1};  // for messages; set once MPI is initialised
+std::atomic<int> world_rank{-1}, world_size{0};  // for messages; set once MPI is initialised
 
 // One per thread that ever made a watched call. The thread writes, the watchdog
 // reads: `seq` is odd while a call is in progress and guards the other fields
@@ -86,8 +86,10 @@ class Watchdog {
         if (s->seq.load(std::memory_order_relaxed) != seq) continue;  // it just completed
         abort_job(detail::concat(
                       "[watchdog] ", op, " in group '", group->name, "' (mpi, size ", group->size,
-                      ", this is rank ", group->rank, "), call ", call, " on this group, did not complete within ",
-                      timeout.count() / 1000.0, " s (DTENSOR_TIMEOUT_S or group.set_timeout): ",
+                      ", this is rank ", group->rank, ")",
+                      call > 0 ? detail::concat(", call ", call, " on this group,") : std::string(),
+                      " did not complete within ", timeout.count() / 1000.0,
+                      " s (DTENSOR_TIMEOUT_S or group.set_timeout): ",
                       waiting_for ? waiting_for
                                   : "some rank of the group has not made this call (DTENSOR_DEBUG=collectives "
                                     "names which); aborting the job"),
@@ -127,7 +129,7 @@ std::atomic<size_t> abandoned_count{0};
 // cancelled first; what never completes ends the job at the timeout.
 void settle_abandoned() {
   std::lock_guard<std::mutex> lock(abandoned_mutex);
-  WatchedGroup process{"(exit)", world_rank.load(), 0};
+  WatchedGroup process{"world", world_rank.load(), world_size.load()};
   for (Abandoned& a : abandoned_list()) {
     for (MPI_Request& r : a.requests) {
       if (a.cancellable && r != MPI_REQUEST_NULL) MPI_Cancel(&r);
@@ -150,7 +152,7 @@ void on_process_exit(int status, void*) {
     abort_job(detail::concat("exiting with status ", status, " before the other ranks; aborting the job"), status);
   }
   settle_abandoned();
-  WatchedGroup world{"world", world_rank.load(), 0};
+  WatchedGroup world{"world", world_rank.load(), world_size.load()};
   Watch watch(&world, "MPI_Finalize", 0, default_timeout(),
               "another rank has not finished (it may be waiting in a collective this rank never made); aborting "
               "the job");
@@ -227,9 +229,11 @@ void reap_abandoned() {
 }
 
 void install_process_handlers(bool finalize_at_exit) {
-  int rank = 0;
+  int rank = 0, size = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
   world_rank.store(rank);
+  world_size.store(size);
   Watchdog::instance().start();
   std::set_terminate(on_terminate);
   if (finalize_at_exit) on_exit(on_process_exit, nullptr);
