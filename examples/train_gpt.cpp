@@ -184,10 +184,10 @@ class Options {
 
 // The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP; pipeline
 // layouts arrive with their issue).
-MeshShape parse_mesh(const std::string& text) {
-  MeshShape mesh;
+MeshSpec parse_mesh(const std::string& text) {
+  MeshSpec mesh;
   try {
-    mesh = parse_mesh_shape(text);
+    mesh = parse_mesh_spec(text);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(std::string("--mesh: ") + e.what());
   }
@@ -200,14 +200,8 @@ MeshShape parse_mesh(const std::string& text) {
   return mesh;
 }
 
-std::string to_string(const MeshShape& mesh) {
-  std::string out;
-  for (size_t d = 0; d < mesh.names.size(); ++d) out += (d ? "," : "") + mesh.names[d] + "=" + std::to_string(mesh.shape[d]);
-  return out;
-}
-
 struct Settings {
-  MeshShape mesh;
+  MeshSpec mesh;
   int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;  // dp: data-parallel ranks (dp x replicate)
   int64_t fsdp = 0;
   bool hsdp = false;
@@ -403,7 +397,7 @@ int main(int argc, char** argv) {
       Group world = init("mpi");
       const int64_t ranks = shape_numel(settings.mesh.shape);
       if (world.size() != ranks) {
-        throw std::invalid_argument("--mesh " + to_string(settings.mesh) + " needs " + std::to_string(ranks) +
+        throw std::invalid_argument("--mesh " + settings.mesh.to_string() + " needs " + std::to_string(ranks) +
                                     " ranks, mpirun started " + std::to_string(world.size()));
       }
       std::string trace = settings.trace;

@@ -136,6 +136,7 @@ inline double expected_reduce(DType dtype, ReduceOp op, int n, const std::functi
 inline int64_t uneven_size(int rank) { return (rank * 2 + 1) % 4; }
 
 #include "test_comm_cases_impl.h"  // the case_* functions
+#include "test_comm_cases_aliasing.h"  // outputs overlapping inputs
 
 // All of the above in order (what the MPI suite runs per test).
 struct NamedCase {
@@ -148,6 +149,6 @@ inline const std::vector<NamedCase> kCases = {
     {"all_to_all", case_all_to_all},       {"broadcast", case_broadcast},
     {"gather_scatter", case_gather_scatter}, {"point_to_point", case_point_to_point},
     {"split", case_split},                 {"comm_debug", case_comm_debug},
-    {"all_to_all_blocks", case_all_to_all_blocks}};
+    {"all_to_all_blocks", case_all_to_all_blocks}, {"overlapping_buffers", case_overlapping_buffers}};
 
 }  // namespace comm_cases

@@ -132,7 +132,7 @@ TEST(CommThreads, RankThatReturnedFailsItsPeersAtOnce) {
                }),
                std::runtime_error);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-  EXPECT_TRUE(contains(collective, "[all_reduce] rank 1 of group 'world/c0'")) << collective;
+  EXPECT_TRUE(contains(collective, "[all_reduce] rank 1 (launch rank 1) of group 'world/c0'")) << collective;
   EXPECT_TRUE(contains(collective, "returned from its launch function without making this call")) << collective;
   EXPECT_TRUE(contains(receive, "[recv] rank 2 of group 'world'")) << receive;
 }
@@ -162,7 +162,28 @@ TEST(CommThreads, TimeoutInSubGroupAndRecvNamesThem) {
     if (world.rank() < 2) barrier(sub);
   });
   EXPECT_TRUE(contains(error, "[recv] timed out after 0.15 s in group 'world/c1'")) << error;
-  EXPECT_TRUE(contains(error, "no send from rank 1 for 8 bytes with tag 9")) << error;
+  EXPECT_TRUE(contains(error, "no send from rank 1 (launch rank 3) for 8 bytes with tag 9")) << error;
+}
+
+TEST(CommThreads, TimeoutsOutsideOneMillisecondToOneYearAreRejected) {
+  for (const char* bad : {"0", "-1", "0.0001", "inf", "-inf", "nan", "1e300", "31536001", "5s", "", "ten"}) {
+    EXPECT_THROW_MSG(comm::parse_timeout_seconds(bad), std::invalid_argument,
+                     std::string("[DTENSOR_TIMEOUT_S] expected a number of seconds from 0.001 to 31536000 "
+                                 "(1 ms to one year), got '") + bad + "'");
+  }
+  EXPECT_EQ(comm::parse_timeout_seconds("0.001"), 1ms);
+  EXPECT_EQ(comm::parse_timeout_seconds("2.5"), 2500ms);
+  EXPECT_EQ(comm::parse_timeout_seconds("31536000"), comm::kMaxTimeout);
+  launch(2, [&](Group world) {
+    EXPECT_THROW_MSG(world.set_timeout(0ms), std::invalid_argument, "expected a timeout from 1 ms to one year");
+    EXPECT_THROW_MSG(world.set_timeout(std::chrono::milliseconds::max()), std::invalid_argument,
+                     "got 9223372036854775807 ms");
+    // The longest timeout computes its deadlines without overflow (UBSan checks it).
+    world.set_timeout(comm::kMaxTimeout);
+    EXPECT_EQ(all_reduce(world, Tensor::ones({2})).to_vector<float>()[1], 2.0f);
+    if (world.rank() == 0) send(world, Tensor::ones({1}), 1);
+    if (world.rank() == 1) recv(world, Tensor::empty({1}), 0);
+  });
 }
 
 TEST(CommThreads, DifferentCollectivesNameBothCalls) {

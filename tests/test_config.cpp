@@ -48,6 +48,11 @@ TEST(Json, SyntaxErrorsNameLineAndColumn) {
   EXPECT_THROW_MSG(parse_json("\"\\ud800x\""), std::invalid_argument, "low surrogate");
   EXPECT_THROW_MSG(parse_json(""), std::invalid_argument, "expected a value, got the end of the input");
   EXPECT_THROW_MSG(parse_json(std::string(300, '[')), std::invalid_argument, "nesting of at most 256 levels");
+  // Found by tests/fuzz/fuzz_config: JSON has no infinity, and "inf" never parses back.
+  EXPECT_THROW_MSG(parse_json("[5e1103]"), std::invalid_argument,
+                   "1:2: expected a number within the range of a double, got 5e1103");
+  EXPECT_THROW_MSG(parse_json("-1e400"), std::invalid_argument, "range of a double");
+  EXPECT_EQ(parse_json("1e308").dump(), parse_json(parse_json("1e308").dump()).dump());
 }
 
 TEST(Config, TypedAccessDefaultsAndErrorsNamingTheKey) {

@@ -228,30 +228,37 @@ TEST(DeviceMesh, ConstructionErrors) {
   });
 }
 
+TEST(DeviceMesh, SpecStringsParseAndPrintBack) {
+  const MeshSpec spec = parse_mesh_spec(" dp = 2 ,tp=4");
+  EXPECT_EQ(spec.shape, (Shape{2, 4}));
+  EXPECT_EQ(spec.names, (std::vector<std::string>{"dp", "tp"}));
+  EXPECT_EQ(spec.to_string(), "dp=2,tp=4");
+  launch(8, [&](Group world) { EXPECT_EQ(DeviceMesh(world, spec.shape, spec.names).to_string(), spec.to_string()); });
+  EXPECT_THROW_MSG(parse_mesh_spec(""), std::invalid_argument, "[mesh] '' at position 0: expected a dim name");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp"), std::invalid_argument, "at position 2: expected '=' after the dim name 'dp'");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=0"), std::invalid_argument, "at position 3: expected a positive integer size");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=2;tp=2"), std::invalid_argument, "at position 4: expected ',' or the end");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=2,"), std::invalid_argument, "at position 5: expected a dim name");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=2,dp=2"), std::invalid_argument, "duplicate dim name 'dp'");
+  EXPECT_THROW_MSG(parse_mesh_spec("dp=99999999999999"), std::invalid_argument, "a dim size below 2^40");
+}
+
 }  // namespace
 }  // namespace dtensor
 
 namespace dtensor {
 
-TEST(DeviceMeshShape, ParsesWhatToStringPrints) {
-  const MeshShape m = parse_mesh_shape("dp=2,tp=4");
-  EXPECT_EQ(m.shape, (Shape{2, 4}));
-  EXPECT_EQ(m.names, (std::vector<std::string>{"dp", "tp"}));
-  EXPECT_EQ(m.size("tp"), 4);
-  EXPECT_EQ(m.size("pp"), 1);
-  EXPECT_EQ(parse_mesh_shape(" pp = 4 , dp=2,tp=2 ").shape, (Shape{4, 2, 2}));
+TEST(DeviceMeshShape, SizesByNameAndTheRoundTrip) {
+  const MeshSpec m = parse_mesh_spec("pp=4,dp=2,tp=2");
+  EXPECT_EQ(m.size("tp"), 2);
+  EXPECT_EQ(m.size("pp"), 4);
+  EXPECT_EQ(m.size("cp"), 1);
   launch(4, [](Group g) {
     const DeviceMesh mesh(g, {2, 2}, {"dp", "tp"});
-    const MeshShape back = parse_mesh_shape(mesh.to_string());
+    const MeshSpec back = parse_mesh_spec(mesh.to_string());
     EXPECT_EQ(back.shape, mesh.shape());
     EXPECT_EQ(back.names, mesh.names());
   });
-  EXPECT_THROW_MSG(parse_mesh_shape("dp2"), std::invalid_argument, "[parse_mesh_shape] no '=' in 'dp2' at position 0");
-  EXPECT_THROW_MSG(parse_mesh_shape("dp=2,tp=x"), std::invalid_argument, "size 'x' of dim 'tp' is not a positive integer at position 8");
-  EXPECT_THROW_MSG(parse_mesh_shape("dp=0"), std::invalid_argument, "size '0' of dim 'dp'");
-  EXPECT_THROW_MSG(parse_mesh_shape("dp=2,dp=2"), std::invalid_argument, "dim 'dp' twice");
-  EXPECT_THROW_MSG(parse_mesh_shape("=2"), std::invalid_argument, "an empty dim name");
-  EXPECT_THROW_MSG(parse_mesh_shape(""), std::invalid_argument, "an empty mesh");
 }
 
 }  // namespace dtensor

@@ -30,6 +30,9 @@ class WorkImpl {
   virtual ~WorkImpl() = default;
   virtual void wait() = 0;  // rethrows the operation's error
   virtual bool is_completed() = 0;
+  // The user dropped the Work before it completed: the operation still runs (peers
+  // expect it), and `buffers` (its tensors) must stay alive until it has.
+  virtual void retain(std::shared_ptr<void> buffers) = 0;
 };
 using WorkPtr = std::shared_ptr<WorkImpl>;
 
@@ -58,6 +61,12 @@ struct BlockLayout {
 
 // 10 minutes unless DTENSOR_TIMEOUT_S says otherwise (read once per process).
 std::chrono::milliseconds default_timeout();
+// Timeouts are 1 ms to one year: far beyond any real wait and far from the clock's
+// range, so no deadline computation can overflow.
+inline constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 365);
+// DTENSOR_TIMEOUT_S's text as a timeout; std::invalid_argument for anything but a
+// number of seconds in [0.001, 31536000] ("inf", "nan", "0", "-1", "1e300", "5s").
+std::chrono::milliseconds parse_timeout_seconds(const char* text);
 
 class GroupImpl {
  public:
@@ -99,8 +108,20 @@ class GroupImpl {
   // Always non-blocking; the returned work covers every buffer of the batch.
   virtual WorkPtr send_recv(const std::vector<P2PBuffer>& ops) = 0;
 
+  // Fault injection (DTENSOR_FAULT kind:stall): blocks this rank the way a hung one
+  // would, for as long as the backend needs to release it. This default sleeps until
+  // the process ends (under mpirun the peers' watchdog aborts the job).
+  virtual void injected_stall();
+
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Now plus the timeout (saturating at the clock's end).
+  std::chrono::steady_clock::time_point deadline() const {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point now = Clock::now();
+    const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
+    return timeout_ >= room ? Clock::time_point::max() : now + timeout_;
+  }
 
  protected:
   std::string name_ = "world";

@@ -82,15 +82,17 @@ class DeviceMesh {
 // (PyTorch's to_local/from_local on plain tensors); local_map runs functions on it.
 const DeviceMesh& local_mesh();
 
-// A mesh's shape and dim names as DeviceMesh::to_string() prints them:
-// "dp=2,tp=4" -> shape {2, 4}, names {"dp", "tp"} (spaces allowed around the
-// separators). Throws std::invalid_argument naming the position for a missing
-// '=', an empty or repeated name, or a size that is not a positive integer.
-struct MeshShape {
+// A mesh layout as written on command lines and printed by to_string(): "dp=2,tp=4"
+// (spaces around names, '=' and ',' allowed). DeviceMesh(world, spec.shape,
+// spec.names) builds it; its to_string() gives the canonical text back.
+struct MeshSpec {
   Shape shape;
   std::vector<std::string> names;
+  std::string to_string() const;              // "dp=2,tp=4"
   int64_t size(std::string_view name) const;  // 1 when the mesh has no such dim
 };
-MeshShape parse_mesh_shape(std::string_view text);
+// std::invalid_argument naming the position and what was expected: sizes are
+// integers >= 1, names non-empty without ',', '=' or spaces, and distinct.
+MeshSpec parse_mesh_spec(std::string_view text);
 
 }  // namespace dtensor

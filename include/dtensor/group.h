@@ -109,7 +109,9 @@ Tensor all_reduce(const Group& group, const Tensor& input, ReduceOp op = ReduceO
 void all_reduce_(const Group& group, const Tensor& tensor, ReduceOp op = ReduceOp::Sum);
 Work all_reduce_async(const Group& group, const Tensor& input, const Tensor& output,
                       ReduceOp op = ReduceOp::Sum);
-// `_into` forms write into a preallocated output (output may be the input).
+// `_into` forms write into a preallocated output, which may overlap the input in
+// any way (the input is then read from a copy, unless the call works in place:
+// all_reduce with output == input, all_gather from this rank's block of the output).
 void all_reduce_into(const Group& group, const Tensor& input, const Tensor& output,
                      ReduceOp op = ReduceOp::Sum);
 

@@ -124,7 +124,7 @@ void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayou
                recv.widths.size());
   check_fits(send, input, "send");
   check_fits(recv, output, "receive");
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
   if (n == 1) {
     DT_CHECK_ARG(send.count(0) == recv.count(0), kOp, "a group of one sends ", send.count(0),
                  " elements to itself but expects ", recv.count(0));

@@ -4,10 +4,14 @@
 // results into non-contiguous outputs.
 #pragma once
 
+#include <cstddef>
 #include <initializer_list>
 #include <numeric>
+#include <utility>
 #include <vector>
 
+#include "comm/call_context.h"
+#include "comm/fault_injection.h"
 #include "dtensor/comm_backend.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
@@ -19,6 +23,13 @@ inline GroupImpl& backend_of(const Group& group, const char* op) {
   DT_CHECK_ARG(group.defined(), op, "expected a defined group, got an undefined one "
                "(split with a negative color returns one)");
   return *group.impl();
+}
+
+// Every user-level communication call starts here: counted (comm_debug.h), then the
+// fault-injection point (fault_injection.h).
+inline void begin_call(const char* op, const Group& group, int64_t bytes) {
+  CommDebugMode::record(op, group, bytes);
+  fault_point(op, group);
 }
 
 inline void check_tensor(const Group& group, const Tensor& t, const char* op, const char* what) {
@@ -83,12 +94,32 @@ inline const std::vector<int64_t>& backend_counts(int slot, const std::vector<in
   return v;
 }
 
+// Whether the memory of `a` and `b` (any layouts) may overlap: their address ranges
+// intersect. Conservative for interleaved views (a.slice(0, 0, n, 2) and
+// a.slice(0, 1, n, 2) count as overlapping), which only costs a staging copy.
+inline bool memory_overlaps(const Tensor& a, const Tensor& b) {
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  auto range = [](const Tensor& t) {
+    int64_t lo = 0, hi = 0;  // in elements from data_ptr(), hi inclusive
+    for (int64_t d = 0; d < t.dim(); ++d) {
+      const int64_t reach = (t.size(d) - 1) * t.stride(d);
+      (reach < 0 ? lo : hi) += reach;
+    }
+    const auto* base = static_cast<const std::byte*>(t.data_ptr());
+    const auto esize = static_cast<int64_t>(dtype_size(t.dtype()));
+    return std::pair{base + lo * esize, base + (hi + 1) * esize};
+  };
+  const auto [a_lo, a_hi] = range(a);
+  const auto [b_lo, b_hi] = range(b);
+  return a_lo < b_hi && b_lo < a_hi;
+}
+
 // dst <- src unless they are already the same memory.
 inline void copy_into(const Tensor& dst, const Tensor& src) {
   if (dst.data_ptr() == src.data_ptr() && dst.is_contiguous() && src.is_contiguous()) return;
   Tensor handle = dst;  // a handle copy: copy_ writes the shared storage
   // Overlapping views (a transpose of the source, say): copy from a snapshot.
-  handle.copy_(dst.shares_storage(src) ? src.clone() : src);
+  handle.copy_(memory_overlaps(dst, src) ? src.clone() : src);
 }
 
 // Where a backend writes a result: the output itself when contiguous, else a
@@ -107,6 +138,14 @@ class FinishingWork final : public WorkImpl {
  public:
   FinishingWork(WorkPtr inner, std::vector<Tensor> keep, std::vector<Output> outs)
       : inner_(std::move(inner)), keep_(std::move(keep)), outs_(std::move(outs)) {}
+  // Dropped before it completed: the backend keeps the tensors until it has.
+  ~FinishingWork() override {
+    if (inner_ && !finished_ && !keep_.empty() && !inner_->is_completed()) {
+      inner_->retain(std::make_shared<std::vector<Tensor>>(std::move(keep_)));
+    }
+  }
+  FinishingWork(const FinishingWork&) = delete;
+  FinishingWork& operator=(const FinishingWork&) = delete;
   void wait() override {
     if (inner_) inner_->wait();
     if (!finished_) {
@@ -118,6 +157,9 @@ class FinishingWork final : public WorkImpl {
     }
   }
   bool is_completed() override { return !inner_ || inner_->is_completed(); }
+  void retain(std::shared_ptr<void> buffers) override {
+    if (inner_) inner_->retain(std::move(buffers));
+  }
 
  private:
   WorkPtr inner_;
@@ -147,6 +189,19 @@ class CallBuffers {
       out_copy_ = in_copy_;
     }
   }
+  // An output buffer that overlaps the input buffer anywhere but at `in_place` (the
+  // input address at which the backend works in place, nullptr if it never does):
+  // the backends read peers' inputs while writing outputs (threads) or forbid
+  // aliased buffers (MPI), so the input is read from a snapshot instead.
+  void stage_overlapping_input(const void* in_place) {
+    // Both buffers are contiguous here (stand-ins are, and so are tensors used as
+    // they are), so their byte ranges are simply [data, data + nbytes).
+    const auto* in_data = static_cast<const std::byte*>(in().data_ptr());
+    const auto* out_data = static_cast<const std::byte*>(out().data_ptr());
+    if (in_data == in_place || in_data == nullptr || out_data == nullptr) return;
+    if (in_data + in().nbytes() <= out_data || out_data + out().nbytes() <= in_data) return;
+    in_copy_ = input_.clone();
+  }
   // Sync: waits and copies a stand-in's result into the output. Async: a Work that
   // keeps the buffers alive and does that when waited for.
   Work finish(WorkPtr inner, bool async) const {
@@ -169,7 +224,7 @@ class CallBuffers {
 // returns true.
 inline bool record_or_finish_alone(const Group& group, const char* op, const Tensor& input,
                                    const Tensor& output) {
-  CommDebugMode::record(op, group, static_cast<int64_t>(input.nbytes()));
+  begin_call(op, group, static_cast<int64_t>(input.nbytes()));
   if (group.size() != 1) return false;
   copy_into(output, input);
   return true;
@@ -193,12 +248,35 @@ inline int64_t product(const Shape& shape, int begin, int end) {
   return p;
 }
 
-// Every rank's `mine`, in rank order (not counted by CommDebugMode).
-inline std::vector<int64_t> exchange_sizes(const Group& group, int64_t mine) {
+// Every rank's size of `t` along `d`, in rank order (not counted by CommDebugMode),
+// for collectives whose per-rank sizes may differ. The exchange also carries what
+// must agree (dtype, the elements before and after dim d), so ranks whose tensors
+// cannot be concatenated all get std::invalid_argument before any data moves
+// (MPI would truncate on some ranks and report success on others).
+inline std::vector<int64_t> exchange_sizes(const Group& group, const char* op, const Tensor& t, int d) {
   const int n = group.size();
-  std::vector<int64_t> all(n);
-  group.impl()->all_gather(&mine, all.data(), std::vector<int64_t>(n, 1), 1, DType::I64, false);
-  return all;
+  constexpr int kFields = 4;
+  const int64_t mine[kFields] = {t.size(d), static_cast<int64_t>(t.dtype()), product(t.shape(), 0, d),
+                                 product(t.shape(), d + 1, static_cast<int>(t.dim()))};
+  std::vector<int64_t> all(static_cast<size_t>(n) * kFields);
+  {
+    InternalCallScope scope(op, "size exchange");
+    group.impl()->all_gather(mine, all.data(), std::vector<int64_t>(n, kFields), 1, DType::I64, false);
+  }
+  std::vector<int64_t> sizes(n);
+  for (int r = 0; r < n; ++r) {
+    const int64_t* theirs = all.data() + static_cast<size_t>(r) * kFields;
+    sizes[r] = theirs[0];
+    if (std::equal(theirs + 1, theirs + kFields, all.data() + 1)) continue;
+    auto describe = [&](int rank) {
+      const int64_t* f = all.data() + static_cast<size_t>(rank) * kFields;
+      return detail::concat("rank ", rank, " has ", dtype_name(static_cast<DType>(f[1])), " with ", f[2],
+                            " x ", f[3], " elements before x after dim ", d);
+    };
+    throw std::invalid_argument(detail::concat("[", op, "] the ranks' tensors do not fit together in group '",
+                                               group.name(), "': ", describe(0), ", ", describe(r)));
+  }
+  return sizes;
 }
 
 inline std::vector<int64_t> chunk_sizes(int64_t total, int n) {

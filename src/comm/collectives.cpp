@@ -22,6 +22,7 @@ Work all_reduce_impl(const Group& group, const Tensor& input, const Tensor& outp
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   CallBuffers b(input, output);
   b.reuse_input_copy_for_output();
+  b.stage_overlapping_input(b.out().data_ptr());
   WorkPtr w = backend.all_reduce(b.in().data_ptr(), b.out().data_ptr(), input.numel(), input.dtype(), op, async);
   return b.finish(std::move(w), async);
 }
@@ -43,9 +44,16 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   CallBuffers b(input, output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
+  const int64_t outer = product(input.shape(), 0, d);
+  // In place when the input is this rank's block of the output (one block per row).
+  const int64_t block = sizes.empty() ? group.rank() * input.size(d)
+                                      : std::accumulate(sizes.begin(), sizes.begin() + group.rank(), int64_t{0});
+  b.stage_overlapping_input(outer != 1 ? nullptr
+                                       : static_cast<const std::byte*>(b.out().data_ptr()) +
+                                             block * inner * static_cast<int64_t>(dtype_size(input.dtype())));
   WorkPtr w = backend.all_gather(b.in().data_ptr(), b.out().data_ptr(),
                                  backend_counts(0, sizes, n, input.size(d), inner),
-                                 product(input.shape(), 0, d), input.dtype(), async);
+                                 outer, input.dtype(), async);
   return b.finish(std::move(w), async);
 }
 
@@ -68,6 +76,7 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
   check_output_shape_with_dim(output, input.shape(), d, mine, kOp);
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   CallBuffers b(input, output);
+  b.stage_overlapping_input(nullptr);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
   WorkPtr w = backend.reduce_scatter(b.in().data_ptr(), b.out().data_ptr(),
                                      backend_counts(0, sizes, n, input.size(d) / n, inner),
@@ -106,6 +115,7 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
                output.shape());
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   CallBuffers b(input, output);
+  b.stage_overlapping_input(nullptr);
   const int64_t inner = product(input.shape(), 1, static_cast<int>(input.dim()));
   // Neither split given: equal splits, and (the documented contract) no split sizes
   // on any rank, so backends may use their equal-split routine.
@@ -168,7 +178,7 @@ Tensor all_gather(const Group& group, const Tensor& input, int64_t dim,
     all_gather_impl(group, input, input, d, sizes, false);
     return input;
   }
-  std::vector<int64_t> all = sizes.empty() ? exchange_sizes(group, input.size(d)) : sizes;
+  std::vector<int64_t> all = sizes.empty() ? exchange_sizes(group, "all_gather", input, d) : sizes;
   DT_CHECK_ARG(static_cast<int>(all.size()) == group.size(), "all_gather", "expected ",
                group.size(), " sizes (one per rank), got ", all.size());
   Tensor output = Tensor::empty(with_dim(input.shape(), d, sum(all)), input.dtype());
@@ -182,7 +192,7 @@ std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
   check_tensor(group, input, kOp, "input");
   const int n = group.size();
   if (n == 1) {
-    CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+    begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
     return {input};
   }
   // Shapes first (a fixed record per rank: ndim then up to 8 dims), then the data.
@@ -192,8 +202,11 @@ std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
   std::vector<int64_t> record(kMaxDims + 1, 0), records(static_cast<size_t>(n) * (kMaxDims + 1));
   record[0] = input.dim();
   std::copy(input.shape().begin(), input.shape().end(), record.begin() + 1);
-  backend.all_gather(record.data(), records.data(), std::vector<int64_t>(n, kMaxDims + 1), 1,
-                     DType::I64, false);
+  {
+    InternalCallScope scope(kOp, "shape exchange");
+    backend.all_gather(record.data(), records.data(), std::vector<int64_t>(n, kMaxDims + 1), 1,
+                       DType::I64, false);
+  }
   std::vector<Shape> shapes(n);
   std::vector<int64_t> counts(n);
   for (int r = 0; r < n; ++r) {
@@ -201,7 +214,7 @@ std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
     shapes[r] = Shape(rec + 1, rec + 1 + rec[0]);
     counts[r] = shape_numel(shapes[r]);
   }
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(input.nbytes()));
+  begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
   Tensor in = input.contiguous();
   Tensor flat = Tensor::empty({sum(counts)}, input.dtype());
   backend.all_gather(in.data_ptr(), flat.data_ptr(), counts, 1, input.dtype(), false);
@@ -253,12 +266,31 @@ Tensor all_to_all(const Group& group, const Tensor& input, const std::vector<int
   }
   std::vector<int64_t> recv = output_split_sizes;
   if (recv.empty() && !input_split_sizes.empty()) {
-    // Unequal inputs, unknown outputs: every rank tells each peer what it will send.
+    // Unequal inputs, unknown outputs: every rank tells each peer what it will send,
+    // with its dtype and row size, which must agree for the rows to fit.
     DT_CHECK_ARG(static_cast<int>(input_split_sizes.size()) == n, "all_to_all", "expected ", n,
                  " input split sizes, got ", Shape(input_split_sizes));
+    constexpr int kFields = 3;
+    const int64_t row = product(input.shape(), 1, static_cast<int>(input.dim()));
+    std::vector<int64_t> told(static_cast<size_t>(n) * kFields), heard(static_cast<size_t>(n) * kFields);
+    for (int s = 0; s < n; ++s) {
+      told[s * kFields] = input_split_sizes[s];
+      told[s * kFields + 1] = static_cast<int64_t>(input.dtype());
+      told[s * kFields + 2] = row;
+    }
+    const std::vector<int64_t> fields(n, kFields);
+    {
+      InternalCallScope scope("all_to_all", "split size exchange");
+      group.impl()->all_to_all(told.data(), fields, heard.data(), fields, DType::I64, true, false);
+    }
     recv.assign(n, 0);
-    const std::vector<int64_t> ones(n, 1);
-    group.impl()->all_to_all(input_split_sizes.data(), ones, recv.data(), ones, DType::I64, true, false);
+    for (int s = 0; s < n; ++s) {
+      const int64_t* f = heard.data() + s * kFields;
+      DT_CHECK_ARG(f[1] == told[1] && f[2] == row, "all_to_all", "rank ", s, " sends ",
+                   dtype_name(static_cast<DType>(f[1])), " rows of ", f[2], " elements, this rank (", group.rank(),
+                   ") ", dtype_name(input.dtype()), " rows of ", row);
+      recv[s] = f[0];
+    }
   }
   const int64_t rows = recv.empty() ? input.size(0) : sum(recv);
   Tensor output = Tensor::empty(with_dim(input.shape(), 0, rows), input.dtype());

@@ -1,9 +1,12 @@
 // Group and Work handles, launch (the threads backend's entry) and init.
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "comm/collective_args.h"
+#include "comm/fault_injection.h"
 #include "comm/mpi/mpi_backend.h"
 #include "comm/threads/threads_group.h"
 #include "dtensor/comm_backend.h"
@@ -34,18 +37,28 @@ const char* call_kind_name(CallKind kind) {
   return names[static_cast<int>(kind)];
 }
 
+std::chrono::milliseconds parse_timeout_seconds(const char* text) {
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  const int64_t max_seconds = std::chrono::duration_cast<std::chrono::seconds>(kMaxTimeout).count();
+  // NaN fails every comparison, so it is rejected with the infinities.
+  DT_CHECK_ARG(end != text && *end == '\0' && std::isfinite(seconds) && seconds >= 0.001 &&
+                   seconds <= static_cast<double>(max_seconds),
+               "DTENSOR_TIMEOUT_S", "expected a number of seconds from 0.001 to ", max_seconds,
+               " (1 ms to one year), got '", text, "'");
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
 std::chrono::milliseconds default_timeout() {
   static const std::chrono::milliseconds timeout = [] {
-    if (const char* env = std::getenv("DTENSOR_TIMEOUT_S"); env && *env) {
-      char* end = nullptr;
-      const double seconds = std::strtod(env, &end);
-      DT_CHECK_ARG(end && *end == '\0' && seconds > 0, "DTENSOR_TIMEOUT_S",
-                   "expected a positive number of seconds, got '", env, "'");
-      return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-    }
-    return std::chrono::milliseconds(10 * 60 * 1000);
+    const char* env = std::getenv("DTENSOR_TIMEOUT_S");
+    return env && *env ? parse_timeout_seconds(env) : std::chrono::milliseconds(10 * 60 * 1000);
   }();
   return timeout;
+}
+
+void GroupImpl::injected_stall() {
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace comm
@@ -76,14 +89,15 @@ std::chrono::milliseconds Group::timeout() const { return checked(impl_, "timeou
 
 void Group::set_timeout(std::chrono::milliseconds timeout) {
   checked(impl_, "set_timeout");
-  DT_CHECK_ARG(timeout.count() > 0, "set_timeout", "expected a positive timeout, got ",
+  DT_CHECK_ARG(timeout.count() > 0 && timeout <= comm::kMaxTimeout, "set_timeout",
+               "expected a timeout from 1 ms to one year (", comm::kMaxTimeout.count(), " ms), got ",
                timeout.count(), " ms");
   impl_->set_timeout(timeout);
 }
 
 Group Group::split(int color, int key) const {
   checked(impl_, "split");
-  CommDebugMode::record("split", *this, 0);
+  comm::begin_call("split", *this, 0);
   return Group(impl_->split(color, key));
 }
 
@@ -104,6 +118,7 @@ void launch(int n, const std::function<void(Group world)>& fn) {
   backend::cpu::configure_blas_threads(n);
   auto world = std::make_shared<comm::threads::World>(n);
   auto shared = comm::threads::make_world(world, n);
+  const std::optional<comm::FaultSpec> faults = comm::fault_spec_from_env();
   std::mutex mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> ranks;
@@ -114,9 +129,14 @@ void launch(int n, const std::function<void(Group world)>& fn) {
       std::string message;
       std::exception_ptr error;
       try {
+        comm::LaunchRankFaults armed(faults, r);
         Group group(std::make_shared<comm::threads::ThreadsGroup>(shared, r, "world"));
         LaunchedWorldScope scope(group);
-        fn(std::move(group));
+        try {
+          fn(std::move(group));
+        } catch (const comm::RankExit&) {
+          // DTENSOR_FAULT kind exit: the rank ends here as if its function returned.
+        }
         world->rank_returned(r);
         return;
       } catch (const std::exception& e) {

@@ -20,7 +20,7 @@ Work send_recv_impl(const Group& group, const std::vector<P2POp>& ops) {
     check_tensor(group, op.tensor, name, name);
     DT_CHECK_ARG(op.peer >= 0 && op.peer < group.size(), name, "peer must be in [0, ",
                  group.size(), "), got ", op.peer);
-    CommDebugMode::record(name, group, static_cast<int64_t>(op.tensor.nbytes()));
+    begin_call(name, group, static_cast<int64_t>(op.tensor.nbytes()));
     Tensor buffer = is_send ? op.tensor.contiguous() : writable(op.tensor).buffer;
     if (!is_send && !op.tensor.is_contiguous()) copies.push_back({op.tensor, buffer});
     keep.push_back(buffer);

@@ -55,8 +55,10 @@ struct And { bool operator()(bool a, bool b) const { return a && b; } };
 // loader picks one per machine (GCC/Clang function multiversioning): the library
 // stays portable, and AVX2 made the 1 MiB all-reduce 16% faster here. GCC on
 // glibc only: Clang does not multiversion templates, and the loader's choice needs
-// ifunc (glibc, ELF).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && defined(__ELF__)
+// ifunc (glibc, ELF). Not under ThreadSanitizer: the ifunc resolvers run while the
+// loader relocates the library, before the TSan runtime is initialised, and crash.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && \
+    defined(__ELF__) && !defined(__SANITIZE_THREAD__)
 #define DTENSOR_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define DTENSOR_SIMD_CLONES

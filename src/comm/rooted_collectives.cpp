@@ -13,7 +13,7 @@ Work broadcast_impl(const Group& group, const Tensor& tensor, int root, bool asy
   comm::GroupImpl& backend = backend_of(group, kOp);
   check_tensor(group, tensor, kOp, "broadcast");
   check_root(group, root, kOp);
-  CommDebugMode::record(kOp, group, static_cast<int64_t>(tensor.nbytes()));
+  begin_call(kOp, group, static_cast<int64_t>(tensor.nbytes()));
   if (group.size() == 1) return Work();
   Output out = writable(tensor);
   if (out.needs_copy()) out.buffer = tensor.contiguous();
@@ -47,6 +47,8 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
   if (record_or_finish_alone(group, kOp, input, output)) return Work();
   Tensor in = input.contiguous();
   Output out = is_root ? writable(output) : Output{};
+  // The root copies every rank's input into its output: its own must not be in the way.
+  if (is_root && memory_overlaps(in, out.buffer)) in = input.clone();
   WorkPtr w = backend.gather(in.data_ptr(), is_root ? out.buffer.data_ptr() : nullptr,
                              backend_counts(0, sizes, n, 0, row_elements(input, kOp)), in.dtype(), root, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
@@ -71,12 +73,14 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
                  input.shape());
     in = input.contiguous();
   }
-  CommDebugMode::record(kOp, group, is_root ? static_cast<int64_t>(input.nbytes()) : 0);
+  begin_call(kOp, group, is_root ? static_cast<int64_t>(input.nbytes()) : 0);
   if (n == 1) {
     copy_into(output, input);
     return Work();
   }
   Output out = writable(output);
+  // Every rank reads the root's input while the root writes its output.
+  if (is_root && memory_overlaps(in, out.buffer)) in = input.clone();
   WorkPtr w = backend.scatter(is_root ? in.data_ptr() : nullptr, out.buffer.data_ptr(),
                               backend_counts(0, sizes, n, 0, row_elements(output, kOp)), output.dtype(), root, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
@@ -84,7 +88,7 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
 
 Work barrier_impl(const Group& group, bool async) {
   comm::GroupImpl& backend = backend_of(group, "barrier");
-  CommDebugMode::record("barrier", group, 0);
+  begin_call("barrier", group, 0);
   if (backend.size() == 1) return Work();
   return finish(backend.barrier(async), {}, Output{}, async);
 }
@@ -121,7 +125,7 @@ Tensor gather(const Group& group, const Tensor& input, int root) {
     gather_impl(group, input, input, root, {input.size(0)}, false);
     return input;
   }
-  const std::vector<int64_t> sizes = exchange_sizes(group, input.size(0));
+  const std::vector<int64_t> sizes = exchange_sizes(group, kOp, input, 0);
   Tensor output;
   if (group.rank() == root) output = Tensor::empty(with_dim(input.shape(), 0, sum(sizes)), input.dtype());
   gather_impl(group, input, output, root, sizes, false);
@@ -134,7 +138,7 @@ void scatter(const Group& group, const Tensor& input, const Tensor& output, int 
   check_tensor(group, output, kOp, "output");
   row_elements(output, kOp);
   const std::vector<int64_t> sizes =
-      group.size() == 1 ? std::vector<int64_t>{output.size(0)} : exchange_sizes(group, output.size(0));
+      group.size() == 1 ? std::vector<int64_t>{output.size(0)} : exchange_sizes(group, kOp, output, 0);
   scatter_impl(group, input, output, root, sizes, false);
 }
 

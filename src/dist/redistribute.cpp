@@ -2,6 +2,7 @@
 // explain_redistribute: run or describe the planner's plan.
 #include <sstream>
 
+#include "comm/call_context.h"
 #include "dtensor/autograd.h"
 #include "dtensor/dist_tensor.h"
 #include "placements/cross_mesh.h"
@@ -55,6 +56,11 @@ StepContext context_for(const DistTensor& t, const redistribution::PlannedStep& 
   return StepContext{t.mesh(), t.shape(), t.dtype(), step.before, step.after, step.mesh_dim};
 }
 
+// "redistribute S(0)->R", the user-level call named by mismatched collectives' errors.
+std::string call_name(const DistTensor& t, const Placements& to) {
+  return "redistribute " + placements_to_string(t.placements()) + "->" + placements_to_string(to);
+}
+
 // Runs the plan's steps from `first` on, starting from `local` (a piece of `t`).
 Tensor run_steps(Tensor local, const DistTensor& t, const Plan& plan, size_t first) {
   for (size_t i = first; i < plan.steps.size(); ++i) {
@@ -94,6 +100,8 @@ DistTensor DistTensor::redistribute(const Placements& placements) const {
   if (!mesh().is_member()) return record_redistribute(elsewhere(mesh(), to, shape(), dtype()), *this);
   if (same_layout(*this, to)) return record_redistribute(wrap(to_local(), *this, to), *this);
   std::shared_ptr<const Plan> plan = find_plan(this->placements(), to, shape(), mesh(), dtype());
+  const std::string name = call_name(*this, to);
+  comm::UserCallScope scope(name);
   return record_redistribute(wrap(run_steps(to_local(), *this, *plan, 0), *this, to), *this);
 }
 
@@ -147,8 +155,13 @@ PendingRedistribute DistTensor::redistribute_async(const Placements& placements)
   state->to = checked_target(*this, placements);
   if (!same_layout(*this, state->to)) {
     state->plan = find_plan(this->placements(), state->to, shape(), mesh(), dtype());
-    const auto& step = state->plan->steps.front();
-    state->first = transform_for(step.kind).start(to_local(), context_for(*this, step));
+    // A plan may have no steps (Partial -> Replicate on a mesh dim of size 1).
+    if (!state->plan->steps.empty()) {
+      const auto& step = state->plan->steps.front();
+      const std::string name = call_name(*this, state->to);
+      comm::UserCallScope scope(name);
+      state->first = transform_for(step.kind).start(to_local(), context_for(*this, step));
+    }
   }
   return PendingRedistribute(std::move(state));
 }
@@ -159,6 +172,9 @@ DistTensor PendingRedistribute::wait() {
   state_->consumed = true;
   const DistTensor& source = state_->source;
   if (!state_->plan) return wrap(source.to_local(), source, state_->to);
+  if (state_->plan->steps.empty()) return record_redistribute(wrap(source.to_local(), source, state_->to), source);
+  const std::string name = call_name(source, state_->to);
+  comm::UserCallScope scope(name);
   const Tensor local = run_steps(state_->first.finish(), source, *state_->plan, 1);
   return record_redistribute(wrap(local, source, state_->to), source);
 }

@@ -367,6 +367,59 @@ std::string DeviceMesh::to_string() const {
   return out;
 }
 
+std::string MeshSpec::to_string() const {
+  std::string out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (d) out += ',';
+    out += names[d] + "=" + std::to_string(shape[d]);
+  }
+  return out;
+}
+
+MeshSpec parse_mesh_spec(std::string_view text) {
+  MeshSpec spec;
+  size_t pos = 0;
+  auto fail = [&](const std::string& what) -> void {
+    throw std::invalid_argument(detail::concat("[mesh] '", std::string(text), "' at position ", pos, ": expected ",
+                                               what));
+  };
+  auto skip_spaces = [&] {
+    while (pos < text.size() && text[pos] == ' ') ++pos;
+  };
+  while (true) {
+    skip_spaces();
+    const size_t name_start = pos;
+    while (pos < text.size() && text[pos] != '=' && text[pos] != ',' && text[pos] != ' ') ++pos;
+    if (pos == name_start) fail("a dim name");
+    std::string name(text.substr(name_start, pos - name_start));
+    skip_spaces();
+    if (pos >= text.size() || text[pos] != '=') fail("'=' after the dim name '" + name + "'");
+    ++pos;
+    skip_spaces();
+    const size_t size_start = pos;
+    int64_t size = 0;
+    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
+      if (size > (int64_t{1} << 40)) fail("a dim size below 2^40");
+      size = size * 10 + (text[pos++] - '0');
+    }
+    if (pos == size_start || size < 1) {
+      pos = size_start;
+      fail("a positive integer size for '" + name + "'");
+    }
+    spec.shape.push_back(size);
+    spec.names.push_back(std::move(name));
+    skip_spaces();
+    if (pos == text.size()) break;
+    if (text[pos] != ',') fail("',' or the end");
+    ++pos;
+  }
+  std::set<std::string> seen;
+  for (const std::string& name : spec.names) {
+    DT_CHECK_ARG(seen.insert(name).second, "mesh", "duplicate dim name '", name, "' in '", std::string(text), "'");
+  }
+  return spec;
+}
+
 bool DeviceMesh::operator==(const DeviceMesh& other) const {
   if (impl_ == other.impl_) return true;  // the common case in op dispatch
   if (!impl_ || !other.impl_) return false;
@@ -380,43 +433,11 @@ const DeviceMesh& local_mesh() {
   return mesh;
 }
 
-int64_t MeshShape::size(std::string_view name) const {
+int64_t MeshSpec::size(std::string_view name) const {
   for (size_t d = 0; d < names.size(); ++d) {
     if (names[d] == name) return shape[d];
   }
   return 1;
-}
-
-MeshShape parse_mesh_shape(std::string_view text) {
-  auto fail = [&](size_t pos, const std::string& what) {
-    throw std::invalid_argument("[parse_mesh_shape] " + what + " at position " + std::to_string(pos) + " of '" +
-                                std::string(text) + "' (expected NAME=SIZE,... such as dp=2,tp=4)");
-  };
-  auto trim = [](std::string_view s) {
-    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
-    while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
-    return s;
-  };
-  MeshShape out;
-  size_t start = 0;
-  if (trim(text).empty()) fail(0, "an empty mesh");
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    const std::string_view item = text.substr(start, comma - start);
-    const size_t eq = item.find('=');
-    if (eq == std::string_view::npos) fail(start, "no '=' in '" + std::string(item) + "'");
-    const std::string name(trim(item.substr(0, eq)));
-    const std::string size(trim(item.substr(eq + 1)));
-    if (name.empty()) fail(start, "an empty dim name");
-    if (std::find(out.names.begin(), out.names.end(), name) != out.names.end()) fail(start, "dim '" + name + "' twice");
-    char* end = nullptr;
-    const long long n = std::strtoll(size.c_str(), &end, 10);
-    if (size.empty() || *end || n < 1) fail(start + eq + 1, "size '" + size + "' of dim '" + name + "' is not a positive integer");
-    out.names.push_back(name);
-    out.shape.push_back(n);
-    start = comma + 1;
-  }
-  return out;
 }
 
 }  // namespace dtensor

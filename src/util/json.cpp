@@ -396,6 +396,11 @@ class Parser {
     }
     const std::string literal(text_.substr(start, pos_ - start));
     const double value = std::strtod(literal.c_str(), nullptr);
+    // JSON has no infinities: 1e400 would dump as "inf", which no parser reads back.
+    if (!std::isfinite(value)) {
+      pos_ = start;
+      fail("a number within the range of a double", literal);
+    }
     if (integral) {
       errno = 0;
       const long long integer = std::strtoll(literal.c_str(), nullptr, 10);

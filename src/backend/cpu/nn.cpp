@@ -320,11 +320,12 @@ void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out)
     const int64_t id = index[n];
     char* o = dst + n * row_bytes;
     if (masked && (id < 0 || id >= rows)) {
-      std::memset(o, 0, row_bytes);  // zero bits are +0 in every dtype
+      if (row_bytes > 0) std::memset(o, 0, row_bytes);  // zero bits are +0 in every dtype
       continue;
     }
     check_index(id, rows, n, "embedding", "id");
-    std::memcpy(o, src + static_cast<size_t>(id * t.stride(0)) * item, row_bytes);
+    // An empty table (width 0) may have no storage at all: nothing to copy from it.
+    if (row_bytes > 0) std::memcpy(o, src + static_cast<size_t>(id * t.stride(0)) * item, row_bytes);
   }
 }
 

@@ -1,7 +1,15 @@
 // The MPI backend: one process per rank. Each method is the matching MPI call:
-// blocking for sync calls (so it costs what raw MPI costs), the non-blocking
-// MPI_I* form for async ones. With DTENSOR_DEBUG=collectives every collective is
-// preceded by a fingerprint exchange that names mismatched calls and missing ranks.
+// blocking for sync calls (so it costs what raw MPI costs; the watchdog of
+// mpi_faults.h bounds it), the non-blocking MPI_I* form for async ones. With
+// DTENSOR_DEBUG=collectives every collective is preceded by a fingerprint exchange
+// that names mismatched calls and missing ranks on every rank.
+//
+// Failures: a collective cannot be cancelled, so one that times out or fails in MPI
+// (the ranks disagree: MPI_ERR_TRUNCATE on one rank, a wrong "success" on another)
+// ends the job with the reason. Point-to-point waits and the fingerprint exchange
+// can: past the timeout their requests are cancelled (or, where MPI cannot cancel
+// them, kept alive with their buffers), the call throws, and the group refuses
+// further calls, naming what failed.
 #include <mpi.h>
 
 #include <climits>
@@ -11,7 +19,9 @@
 #include <string_view>
 #include <thread>
 
+#include "comm/fault_injection.h"
 #include "comm/mpi/mpi_backend.h"
+#include "comm/mpi/mpi_faults.h"
 #include "comm/mpi/mpi_types.h"
 #include "comm/reduce.h"
 #include "dtensor/error.h"
@@ -79,9 +89,11 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     name_ = std::move(name);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
-    // Errors come back as codes we turn into exceptions instead of aborting the job.
+    // Errors come back as codes: exceptions for point to point, a job abort naming
+    // the call for collectives (instead of MPI's bare abort).
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     if (debug_collectives()) MPI_Comm_dup(comm_, &debug_comm_);
+    watched_ = watched_group(name_, rank_, size_);
   }
   ~MPIGroup() override {
     int finalized = 0;
@@ -96,9 +108,14 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   std::string backend() const override { return "mpi"; }
 
   std::shared_ptr<GroupImpl> split(int color, int key) override {
-    fingerprint(CallKind::Split, DType::F32, 0, 0, ReduceOp::Sum);
+    begin(CallKind::Split, DType::F32, 0, 0, ReduceOp::Sum);
     MPI_Comm child = MPI_COMM_NULL;
-    check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "split");
+    int code = MPI_SUCCESS;
+    {
+      Watch watch(watched_, "split", calls_, timeout_);
+      code = MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child);
+    }
+    if (code != MPI_SUCCESS) collective_failed("split", code);
     const int index = splits_++;
     if (child == MPI_COMM_NULL) return nullptr;
     std::string child_name = detail::concat(name_, "/c", color);
@@ -110,11 +127,15 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
 
   WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
                      bool async) override {
-    fingerprint(CallKind::AllReduce, dtype, count, 0, op);
+    begin(CallKind::AllReduce, dtype, count, 0, op);
     const int c = to_int(count, "all_reduce");
     const MPI_Datatype type = mpi_datatype(dtype);
     const MPI_Op mop = mpi_op(dtype, op);
-    const void* send = in == out ? MPI_IN_PLACE : in;
+    // Async calls always reduce in place (out first gets a copy of in): Open MPI 4.1's
+    // MPI_Iallreduce picks its algorithm by whether a call is in place, so ranks that
+    // differ in that (legal MPI) exchange mismatched pieces (MPI_ERR_TRUNCATE).
+    if (async && in != out && count > 0) std::memcpy(out, in, static_cast<size_t>(count) * dtype_size(dtype));
+    const void* send = in == out || async ? MPI_IN_PLACE : in;
     MPI_Comm comm = comm_;
     std::function<void()> after;
     if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, count, n); };
@@ -131,7 +152,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     MPI_Comm comm = comm_;
     if (outer == 1 && all_equal(counts)) {
       // The common case needs no count arrays and no scratch.
-      fingerprint(CallKind::AllGather, dtype, counts[0] * size_, 0, ReduceOp::Sum);
+      begin(CallKind::AllGather, dtype, counts[0] * size_, 0, ReduceOp::Sum);
       const int mine = to_int(counts[0], op);
       const void* send = in == static_cast<const std::byte*>(out) + rank_ * counts[0] * esize ? MPI_IN_PLACE : in;
       return issue(op, async, nullptr, nullptr,
@@ -141,7 +162,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     auto s = std::make_shared<Scratch>();
     s->a = std::make_unique<CountsAndDispls>(counts, outer, op);
     const int64_t total = s->a->displs.back() + s->a->counts.back();
-    fingerprint(CallKind::AllGather, dtype, total, 0, ReduceOp::Sum);
+    begin(CallKind::AllGather, dtype, total, 0, ReduceOp::Sum);
     const CountsAndDispls& cd = *s->a;
     void* recv = out;
     std::function<void()> after;
@@ -192,7 +213,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     MPI_Comm comm = comm_;
     std::function<void()> after;
     if (outer == 1 && all_equal(counts)) {
-      fingerprint(CallKind::ReduceScatter, dtype, counts[0] * size_, 0, op);
+      begin(CallKind::ReduceScatter, dtype, counts[0] * size_, 0, op);
       const int c = to_int(counts[0], name);
       if (op == ReduceOp::Avg) after = [=, n = size_] { divide_by(dtype, out, c, n); };
       return issue(name, async, nullptr, std::move(after),
@@ -203,7 +224,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     s->a = std::make_unique<CountsAndDispls>(counts, outer, name);
     const CountsAndDispls& cd = *s->a;
     const int64_t total = cd.displs.back() + cd.counts.back();
-    fingerprint(CallKind::ReduceScatter, dtype, total, 0, op);
+    begin(CallKind::ReduceScatter, dtype, total, 0, op);
     const size_t esize = dtype_size(dtype);
     const void* send = in;
     if (outer > 1) {
@@ -245,7 +266,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     // The count slot of the fingerprint: the elements each rank sends each peer with
     // equal splits (the same everywhere), -1 when split sizes were given. All ranks
     // must call the same MPI routine.
-    fingerprint(CallKind::AllToAll, dtype, equal_splits ? send_counts[0] : -1, 0, ReduceOp::Sum);
+    begin(CallKind::AllToAll, dtype, equal_splits ? send_counts[0] : -1, 0, ReduceOp::Sum);
     const MPI_Datatype type = mpi_datatype(dtype);
     MPI_Comm comm = comm_;
     if (equal_splits) {
@@ -278,7 +299,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   void all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
                          DType dtype) override {
     const char* op = "all_to_all";
-    fingerprint(CallKind::AllToAll, dtype, kStridedBlocks, 0, ReduceOp::Sum);
+    begin(CallKind::AllToAll, dtype, kStridedBlocks, 0, ReduceOp::Sum);
     const MPI_Datatype base = mpi_datatype(dtype);
     const int64_t esize = static_cast<int64_t>(dtype_size(dtype));
     struct Types {  // freed however the call ends
@@ -322,7 +343,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   }
 
   WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) override {
-    fingerprint(CallKind::Broadcast, dtype, count, root, ReduceOp::Sum);
+    begin(CallKind::Broadcast, dtype, count, root, ReduceOp::Sum);
     const int c = to_int(count, "broadcast");
     const MPI_Datatype type = mpi_datatype(dtype);
     MPI_Comm comm = comm_;
@@ -336,7 +357,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     auto s = std::make_shared<Scratch>();
     s->a = std::make_unique<CountsAndDispls>(counts, 1, "gather");
     const CountsAndDispls& cd = *s->a;
-    fingerprint(CallKind::Gather, dtype, cd.displs.back() + cd.counts.back(), root, ReduceOp::Sum);
+    begin(CallKind::Gather, dtype, cd.displs.back() + cd.counts.back(), root, ReduceOp::Sum);
     const int mine = cd.counts[rank_];
     const MPI_Datatype type = mpi_datatype(dtype);
     MPI_Comm comm = comm_;
@@ -356,7 +377,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
     auto s = std::make_shared<Scratch>();
     s->a = std::make_unique<CountsAndDispls>(counts, 1, "scatter");
     const CountsAndDispls& cd = *s->a;
-    fingerprint(CallKind::Scatter, dtype, cd.displs.back() + cd.counts.back(), root, ReduceOp::Sum);
+    begin(CallKind::Scatter, dtype, cd.displs.back() + cd.counts.back(), root, ReduceOp::Sum);
     const int mine = cd.counts[rank_];
     const MPI_Datatype type = mpi_datatype(dtype);
     MPI_Comm comm = comm_;
@@ -372,7 +393,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   }
 
   WorkPtr barrier(bool async) override {
-    fingerprint(CallKind::Barrier, DType::F32, 0, 0, ReduceOp::Sum);
+    begin(CallKind::Barrier, DType::F32, 0, 0, ReduceOp::Sum);
     MPI_Comm comm = comm_;
     return issue("barrier", async, nullptr, nullptr, [=] { return MPI_Barrier(comm); },
                  [=](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
@@ -381,10 +402,22 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   WorkPtr send_recv(const std::vector<P2PBuffer>& ops) override;
 
   // Polls `requests` until all complete or the timeout; `describe(i)` names what
-  // request i waits for.
-  void wait_all(std::vector<MPI_Request>& requests, const char* op,
+  // request i waits for. Past the timeout a collective ends the job; point-to-point
+  // requests are cancelled (those MPI cannot cancel stay in `requests` for the
+  // caller to abandon), the group is marked unusable, and the wait throws.
+  void wait_all(std::vector<MPI_Request>& requests, const char* op, bool collective,
                 const std::function<std::string(size_t)>& describe,
                 MPI_Status* statuses = MPI_STATUSES_IGNORE) const;
+  // Throws, naming what made it so, once a timed-out wait left the group unusable.
+  void check_usable(const char* op) const {
+    if (!broken_.empty()) {
+      throw std::runtime_error(detail::concat("[", op, "] group '", name_, "' (mpi, size ", size_, ", this is rank ",
+                                              rank_, ") can no longer be used: ", broken_));
+    }
+  }
+  // An MPI error in a collective: the ranks disagree about the call (or one of them
+  // is gone) and cannot all go on; ends the job with the reason.
+  [[noreturn]] void collective_failed(const char* op, int code) const;
 
  private:
   // Runs `blocking()` (sync) or `start(&request)` (async, or sync with a timeout to
@@ -393,14 +426,17 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   template <class Blocking, class Start>
   WorkPtr issue(const char* op, bool async, std::shared_ptr<Scratch> scratch,
                 std::function<void()> after, const Blocking& blocking, const Start& start);
-  void fingerprint(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op);
-  // Blocking MPI calls cannot time out; they are used unless a timeout was asked for.
-  bool enforce_timeout() const { return debug_comm_ != MPI_COMM_NULL || timeout_ != default_timeout(); }
+  // Starts a collective: refuses an unusable group, frees completed abandoned
+  // requests, numbers the call and, in the debug mode, exchanges fingerprints.
+  void begin(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm debug_comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   int rank_ = 0, size_ = 1, splits_ = 0;
+  uint64_t calls_ = 0;  // collectives this rank made on the group (the watchdog names the call)
+  const WatchedGroup* watched_ = nullptr;
+  mutable std::string broken_;
 };
 
 namespace {
@@ -410,6 +446,18 @@ class MPIWork final : public WorkImpl {
   MPIWork(std::shared_ptr<const MPIGroup> group, const char* op, std::shared_ptr<Scratch> scratch,
           std::function<void()> after)
       : group_(std::move(group)), op_(op), scratch_(std::move(scratch)), after_(std::move(after)) {}
+  // Requests MPI still owns (a dropped Work, a send MPI could not cancel) go to the
+  // abandoned list with everything they read or write.
+  ~MPIWork() override {
+    if (!owned_by_mpi()) return;
+    struct Kept {
+      std::shared_ptr<Scratch> scratch;
+      std::shared_ptr<void> buffers;
+    };
+    abandon(std::move(requests), std::make_shared<Kept>(Kept{std::move(scratch_), std::move(buffers_)}), !p2p.empty());
+  }
+  MPIWork(const MPIWork&) = delete;
+  MPIWork& operator=(const MPIWork&) = delete;
 
   std::vector<MPI_Request> requests;
   std::vector<P2PBuffer> p2p;  // the batch, for send_recv works
@@ -418,7 +466,7 @@ class MPIWork final : public WorkImpl {
     if (!done_) {
       try {
         std::vector<MPI_Status> statuses(requests.size());
-        group_->wait_all(requests, op_, [&](size_t i) { return describe(i); }, statuses.data());
+        group_->wait_all(requests, op_, p2p.empty(), [&](size_t i) { return describe(i); }, statuses.data());
         check_received(statuses);
         finish();
       } catch (...) {
@@ -429,15 +477,25 @@ class MPIWork final : public WorkImpl {
     if (error_) std::rethrow_exception(error_);
   }
 
+  void retain(std::shared_ptr<void> buffers) override { buffers_ = std::move(buffers); }
+
+  // False while MPI still owns a request, even after a failed wait: the caller must
+  // then hand over the buffers (retain) before dropping the Work.
   bool is_completed() override {
-    if (done_) return true;
+    if (!owned_by_mpi()) return done_ || requests.empty() || finish_if_done();
     int flag = 0;
     MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
-    if (flag && p2p.empty()) finish();  // results must be final once this says so
-    return flag != 0;
+    return flag != 0 && finish_if_done();
   }
 
  private:
+  bool owned_by_mpi() const {
+    return std::any_of(requests.begin(), requests.end(), [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+  }
+  bool finish_if_done() {
+    if (!done_ && p2p.empty()) finish();  // results must be final once this says so
+    return true;
+  }
   void finish() {
     if (after_) after_();
     scratch_.reset();
@@ -467,6 +525,7 @@ class MPIWork final : public WorkImpl {
   std::function<void()> after_;
   bool done_ = false;
   std::exception_ptr error_;
+  std::shared_ptr<void> buffers_;
 };
 
 std::string describe_fingerprint(const int64_t* f) {
@@ -483,13 +542,24 @@ std::string describe_fingerprint(const int64_t* f) {
 
 }  // namespace
 
-void MPIGroup::wait_all(std::vector<MPI_Request>& requests, const char* op,
-                        const std::function<std::string(size_t)>& describe,
-                        MPI_Status* statuses) const {
-  const auto deadline = Clock::now() + timeout_;
+void MPIGroup::collective_failed(const char* op, int code) const {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  abort_job(detail::concat("[", op, "] MPI error in group '", name_, "' (mpi, size ", size_, ", this is rank ", rank_,
+                           "), call ", calls_, ": ", std::string(text, length),
+                           ". The ranks' calls disagree (sizes, dtypes or ops; DTENSOR_DEBUG=collectives names "
+                           "both calls) or a rank is gone, so other ranks may hold wrong results; aborting the job"),
+            1);
+}
+
+void MPIGroup::wait_all(std::vector<MPI_Request>& requests, const char* op, bool collective,
+                        const std::function<std::string(size_t)>& describe, MPI_Status* statuses) const {
+  const auto deadline = this->deadline();
   for (int polls = 0;; ++polls) {
     int flag = 0;
     const int code = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, statuses);
+    if (code != MPI_SUCCESS && collective) collective_failed(op, code);
     if (code == MPI_ERR_IN_STATUS && statuses != MPI_STATUSES_IGNORE) {
       for (size_t i = 0; i < requests.size(); ++i) {
         DT_CHECK_ARG(statuses[i].MPI_ERROR != MPI_ERR_TRUNCATE, op, "message truncated: ",
@@ -502,16 +572,27 @@ void MPIGroup::wait_all(std::vector<MPI_Request>& requests, const char* op,
     if (Clock::now() > deadline) {
       std::string missing;
       for (size_t i = 0; i < requests.size(); ++i) {
-        int done = 0;
-        MPI_Test(&requests[i], &done, MPI_STATUS_IGNORE);
-        if (!done) missing += describe(i);
+        if (requests[i] != MPI_REQUEST_NULL) missing += describe(i);
       }
-      if (missing.empty()) {
-        missing = "the call did not complete (DTENSOR_DEBUG=collectives names missing ranks)";
+      const std::string what =
+          detail::concat("[", op, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_, "' (mpi, size ",
+                         size_, ", this is rank ", rank_, "), call ", calls_, ": ",
+                         missing.empty() ? std::string("some rank of the group has not made this call "
+                                                       "(DTENSOR_DEBUG=collectives names which)")
+                                         : missing);
+      if (collective) abort_job(what + "; aborting the job", kTimeoutExitCode);
+      // Point to point: cancel what is still posted. A request MPI cannot cancel (a
+      // send already on its way) stays in `requests` for the caller to abandon.
+      for (MPI_Request& r : requests) {
+        if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
       }
-      throw std::runtime_error(detail::concat("[", op, "] timed out after ", timeout_.count() / 1000.0,
-                                              " s in group '", name_, "' (mpi, size ", size_,
-                                              ", this is rank ", rank_, "): ", missing));
+      const auto grace = Clock::now() + std::chrono::milliseconds(50);
+      int settled = 0;
+      while (!settled && Clock::now() < grace) {
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &settled, MPI_STATUSES_IGNORE);
+      }
+      broken_ = what;
+      throw std::runtime_error(what);
     }
     // Oversubscribed ranks (more processes than cores) need the core back.
     if (polls > 1000) std::this_thread::yield();
@@ -521,49 +602,67 @@ void MPIGroup::wait_all(std::vector<MPI_Request>& requests, const char* op,
 template <class Blocking, class Start>
 WorkPtr MPIGroup::issue(const char* op, bool async, std::shared_ptr<Scratch> scratch,
                         std::function<void()> after, const Blocking& blocking, const Start& start) {
-  if (!async && !enforce_timeout()) {
-    check_mpi(blocking(), op);
+  if (!async) {
+    int code = MPI_SUCCESS;
+    {
+      Watch watch(watched_, op, calls_, timeout_);
+      code = blocking();
+    }
+    if (code != MPI_SUCCESS) collective_failed(op, code);
     if (after) after();
     return nullptr;
   }
   auto work = std::make_shared<MPIWork>(shared_from_this(), op, std::move(scratch), std::move(after));
   work->requests.resize(1);
-  check_mpi(start(&work->requests[0]), op);
-  if (async) return work;
-  work->wait();
-  return nullptr;
+  if (const int code = start(&work->requests[0]); code != MPI_SUCCESS) collective_failed(op, code);
+  return work;
 }
 
-void MPIGroup::fingerprint(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op) {
-  if (debug_comm_ == MPI_COMM_NULL || size_ == 1) return;
+void MPIGroup::begin(CallKind kind, DType dtype, int64_t count, int root, ReduceOp op) {
   const char* name = call_kind_name(kind);
-  const int64_t mine[5] = {static_cast<int64_t>(kind), static_cast<int64_t>(dtype), count, root,
-                           static_cast<int64_t>(op)};
-  std::vector<int64_t> theirs(5 * static_cast<size_t>(size_));
+  check_usable(name);
+  reap_abandoned();
+  ++calls_;
+  if (debug_comm_ == MPI_COMM_NULL || size_ == 1) return;
+  // Heap-held: if a peer never comes, the requests may outlive this call (abandoned).
+  struct Fingerprints {
+    int64_t mine[5];
+    std::vector<int64_t> theirs;
+  };
+  auto f = std::make_shared<Fingerprints>(Fingerprints{{static_cast<int64_t>(kind), static_cast<int64_t>(dtype),
+                                                        count, root, static_cast<int64_t>(op)},
+                                                       std::vector<int64_t>(5 * static_cast<size_t>(size_))});
   std::vector<MPI_Request> requests;
   std::vector<int> peers;  // >= 0: a receive from that rank; -1: a send
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     requests.emplace_back();
-    MPI_Irecv(&theirs[5 * p], 5, MPI_INT64_T, p, 0, debug_comm_, &requests.back());
+    MPI_Irecv(&f->theirs[5 * p], 5, MPI_INT64_T, p, 0, debug_comm_, &requests.back());
     peers.push_back(p);
     requests.emplace_back();
-    MPI_Isend(mine, 5, MPI_INT64_T, p, 0, debug_comm_, &requests.back());
+    MPI_Isend(f->mine, 5, MPI_INT64_T, p, 0, debug_comm_, &requests.back());
     peers.push_back(-1);
   }
-  wait_all(requests, name, [&](size_t i) {
-    return peers[i] >= 0 ? detail::concat("rank ", peers[i], " did not arrive; ") : std::string();
-  });
+  try {
+    wait_all(requests, name, false, [&](size_t i) {
+      return peers[i] >= 0 ? detail::concat("rank ", peers[i], " did not arrive; ") : std::string();
+    });
+  } catch (...) {
+    abandon(std::move(requests), f, true);
+    throw;
+  }
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || std::equal(mine, mine + 5, &theirs[5 * p])) continue;
+    if (p == rank_ || std::equal(f->mine, f->mine + 5, &f->theirs[5 * p])) continue;
     throw std::invalid_argument(detail::concat(
         "[", name, "] ranks made different calls in group '", name_, "': rank ", rank_, " called ",
-        describe_fingerprint(mine), ", rank ", p, " called ", describe_fingerprint(&theirs[5 * p])));
+        describe_fingerprint(f->mine), ", rank ", p, " called ", describe_fingerprint(&f->theirs[5 * p])));
   }
 }
 
 WorkPtr MPIGroup::send_recv(const std::vector<P2PBuffer>& ops) {
   const char* name = ops.size() != 1 ? "batch_send_recv" : (ops[0].is_send ? "send" : "recv");
+  check_usable(name);
+  reap_abandoned();
   auto work = std::make_shared<MPIWork>(shared_from_this(), name, nullptr, nullptr);
   work->p2p = ops;
   work->requests.resize(ops.size(), MPI_REQUEST_NULL);
@@ -598,14 +697,13 @@ std::shared_ptr<GroupImpl> mpi_world() {
     if (!initialized) {
       int provided = 0;
       check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "init");
-      // Registered before `world` is constructed, so it runs after world's destructor.
-      std::atexit([] {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Finalize();
-      });
     }
-    return std::make_shared<MPIGroup>(MPI_COMM_WORLD, false, "world");
+    // The exit handler is registered before `world` is constructed, so it runs after
+    // world's destructor; it finalises MPI only when dtensor initialised it.
+    install_process_handlers(!initialized);
+    auto group = std::make_shared<MPIGroup>(MPI_COMM_WORLD, false, "world");
+    arm_process_faults(fault_spec_from_env(), group->rank());
+    return group;
   }();
   return world;
 }

@@ -1,6 +1,7 @@
 // send/recv and batches of them on the threads backend (see p2p.h).
 #include "comm/threads/p2p.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "comm/threads/threads_group.h"
@@ -57,7 +58,7 @@ class P2PWork final : public WorkImpl {
   }
 
   void wait() override {
-    const auto deadline = Clock::now() + group_->timeout();
+    const auto deadline = group_->deadline();
     for (auto& r : requests) {
       const char* op = r->buffer.is_send ? "send" : "recv";
       // The partner rank returning from its launch function means it never will post.
@@ -68,13 +69,13 @@ class P2PWork final : public WorkImpl {
                    (group_->peer_gone(r->buffer.peer) && !r->done.load(std::memory_order_acquire));
           },
           deadline);
-      if (result == WaitResult::Aborted) {
-        group_->throw_if_aborted(op);
-        group_->throw_peer_gone(op, r->buffer.peer);
-      }
-      if (result == WaitResult::TimedOut) {
+      if (result != WaitResult::Ready && withdraw_unmatched()) {
+        if (result == WaitResult::Aborted) {
+          group_->throw_if_aborted(op);
+          group_->throw_peer_gone(op, r->buffer.peer);
+        }
         group_->throw_timeout(op, detail::concat(r->buffer.is_send ? "rank " : "no send from rank ",
-                                                 r->buffer.peer,
+                                                 r->buffer.peer, group_->launch_ranks({r->buffer.peer}),
                                                  r->buffer.is_send ? " did not receive " : " for ",
                                                  r->buffer.bytes, " bytes with tag ", r->buffer.tag));
       }
@@ -82,7 +83,41 @@ class P2PWork final : public WorkImpl {
     }
   }
 
+  void retain(std::shared_ptr<void> buffers) override {
+    for (auto& r : requests) r->buffers = buffers;
+  }
+
  private:
+  // Takes every request of the batch that no partner has matched out of its
+  // mailbox and waits for the matched ones to finish copying. True if any was
+  // taken back (the batch failed); false if all turned out to be matched.
+  bool withdraw_unmatched() {
+    bool withdrew = false;
+    for (auto& r : requests) {
+      if (r->done.load(std::memory_order_acquire)) continue;
+      const int receiver = r->buffer.is_send ? r->buffer.peer : r->owner;
+      Mailbox& box = *group_->shared().mailboxes[receiver];
+      bool taken = false;
+      {
+        std::lock_guard<std::mutex> lock(box.mutex);
+        auto& queue = r->buffer.is_send ? box.sends : box.recvs;
+        auto it = std::find(queue.begin(), queue.end(), r);
+        if (it != queue.end()) {
+          queue.erase(it);
+          taken = true;
+        }
+      }
+      if (taken) {
+        withdrew = true;
+        continue;
+      }
+      // Matched: the partner is copying and sets `done` right after.
+      r->signal->wait([&] { return r->done.load(std::memory_order_acquire); }, [] { return false; },
+                      Clock::time_point::max());
+    }
+    return withdrew;
+  }
+
   std::shared_ptr<ThreadsGroup> group_;
 };
 

@@ -2,6 +2,8 @@
 // the receiving rank's mailbox until its partner is posted; whichever side comes
 // second copies sender memory to receiver memory directly, so posting never
 // blocks and a batch can never deadlock, whatever the order of its operations.
+// A wait that fails (timeout, abort, a partner that returned) takes its unmatched
+// requests back out of the mailbox, so no late partner touches its buffers.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,9 @@ struct P2PRequest {
   std::shared_ptr<Signal> signal;  // its owner's mailbox signal
   std::string error;               // set before `done` when the partner disagrees
   std::atomic<bool> done{false};
+  // The tensors of a Work dropped before completion: the request lives in the
+  // mailbox until matched, and so do they.
+  std::shared_ptr<void> buffers;
 };
 
 class Mailbox {

@@ -44,9 +44,15 @@ class Signal {
 
   // Waits until ready() (true), `aborted()` (true) or `deadline`. Aborted only if
   // ready() is still false after aborted() said so: a peer may complete the wait
-  // and then end (which aborted() may report) between the two checks.
+  // and then end (which aborted() may report) between the two checks. `slow()` is
+  // asked too, but only once the wait sleeps (after kYieldTime), once per slice:
+  // checks too costly for every iteration of a short wait go there.
   template <class Ready, class Aborted>
   WaitResult wait(Ready ready, Aborted aborted, Clock::time_point deadline) {
+    return wait(ready, aborted, deadline, [] { return false; });
+  }
+  template <class Ready, class Aborted, class Slow>
+  WaitResult wait(Ready ready, Aborted aborted, Clock::time_point deadline, Slow slow) {
     if (ready()) return WaitResult::Ready;
     const auto start = Clock::now();
     for (int i = 1;; ++i) {
@@ -61,7 +67,7 @@ class Signal {
     }
     while (true) {
       if (ready()) return WaitResult::Ready;
-      if (aborted()) return ready() ? WaitResult::Ready : WaitResult::Aborted;
+      if (aborted() || slow()) return ready() ? WaitResult::Ready : WaitResult::Aborted;
       const auto now = Clock::now();
       if (now >= deadline) return WaitResult::TimedOut;
       // Slices bound the time to notice an abort (which also notifies) or a lost wake-up.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "comm/call_context.h"
 #include "comm/threads/algorithms.h"
 #include "comm/threads/p2p.h"
 #include "dtensor/error.h"
@@ -15,7 +16,8 @@ namespace dtensor::comm::threads {
 World::World(int size)
     : size_(size),
       returned_(std::make_unique<std::atomic<bool>[]>(size)),
-      live_workers_(std::make_unique<std::atomic<int>[]>(size)) {}
+      live_workers_(std::make_unique<std::atomic<int>[]>(size)),
+      blocked_(std::make_unique<Blocked[]>(size)) {}
 
 void World::wake_all() {
   std::vector<std::shared_ptr<Signal>> to_wake;
@@ -83,10 +85,11 @@ void World::wait_for_workers() {
 
 // ---- Shared, CallDesc ---------------------------------------------------------------
 
-Shared::Shared(std::vector<int> world_ranks_, std::shared_ptr<World> world_)
+Shared::Shared(std::vector<int> world_ranks_, std::shared_ptr<World> world_, std::string name_)
     : size(static_cast<int>(world_ranks_.size())),
       world(std::move(world_)),
       world_ranks(std::move(world_ranks_)),
+      name(std::move(name_)),
       slots(std::make_unique<Slot[]>(size)) {
   world->add_signal(signal);
   for (int r = 0; r < size; ++r) {
@@ -100,11 +103,14 @@ Shared::~Shared() = default;
 std::shared_ptr<Shared> make_world(std::shared_ptr<World> world, int size) {
   std::vector<int> ranks(size);
   for (int r = 0; r < size; ++r) ranks[r] = r;
-  return std::make_shared<Shared>(std::move(ranks), std::move(world));
+  return std::make_shared<Shared>(std::move(ranks), std::move(world), "world");
 }
 
 std::string CallDesc::to_string() const {
   std::ostringstream os;
+  if (!user_call.empty()) {
+    os << user_call << " (its " << (purpose.empty() ? "" : purpose + ": ");
+  }
   os << call_kind_name(kind) << "(";
   switch (kind) {
     case CallKind::Barrier: break;
@@ -127,6 +133,7 @@ std::string CallDesc::to_string() const {
     }
   }
   os << ")";
+  if (!user_call.empty()) os << ")";
   return os.str();
 }
 
@@ -162,12 +169,17 @@ class ThreadsWork final : public WorkImpl {
     if (error_) std::rethrow_exception(error_);
   }
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
+  // The queued task owns this work until it has run, so the buffers live as long.
+  void retain(std::shared_ptr<void> buffers) override { buffers_ = std::move(buffers); }
 
  private:
   std::atomic<bool> done_{false};
   std::exception_ptr error_;
   Signal signal_;
+  std::shared_ptr<void> buffers_;
 };
+
+thread_local bool t_on_async_worker = false;
 
 }  // namespace
 
@@ -196,10 +208,18 @@ void ThreadsGroup::throw_if_aborted(const char* op) const {
                                           "' because ", shared_->world->abort_reason()));
 }
 
+std::string ThreadsGroup::launch_ranks(const std::vector<int64_t>& ranks) const {
+  if (shared_->world_ranks.size() == static_cast<size_t>(shared_->world->size())) return "";
+  std::vector<int64_t> in_launch;
+  for (int64_t r : ranks) in_launch.push_back(shared_->world_ranks[r]);
+  if (in_launch.size() == 1) return detail::concat(" (launch rank ", in_launch[0], ")");
+  return detail::concat(" (launch ranks ", shape_to_string(in_launch), ")");
+}
+
 void ThreadsGroup::throw_peer_gone(const char* op, int r) const {
   throw std::runtime_error(detail::concat(
-      "[", op, "] rank ", r, " of group '", name_, "' (threads, size ", size(), ", this is rank ", rank_,
-      ") returned from its launch function without making this call: the ranks' calls diverged"));
+      "[", op, "] rank ", r, launch_ranks({r}), " of group '", name_, "' (threads, size ", size(), ", this is rank ",
+      rank_, ") returned from its launch function without making this call: the ranks' calls diverged"));
 }
 
 void ThreadsGroup::throw_timeout(const char* op, const std::string& missing) const {
@@ -208,39 +228,142 @@ void ThreadsGroup::throw_timeout(const char* op, const std::string& missing) con
       "' (threads, size ", size(), ", this is rank ", rank_, "): ", missing));
 }
 
-void ThreadsGroup::sync() {
+bool on_async_worker() { return t_on_async_worker; }
+
+uint64_t ThreadsGroup::arrive() {
   const uint64_t target = ++step_;
-  Slot* slots = shared_->slots.get();
-  const int n = shared_->size;
+  shared_->slots[rank_].step.store(target, std::memory_order_release);
   // seq_cst pairs with Signal's sleeper count: a peer going to sleep either sees
-  // this step or is woken by notify().
-  slots[rank_].step.store(target, std::memory_order_seq_cst);
+  // this arrival or is woken by notify().
+  const uint64_t before = shared_->gate.arrivals.fetch_add(1, std::memory_order_seq_cst);
   shared_->signal->notify();
-  auto arrived = [&] {
-    for (int r = 0; r < n; ++r) {
-      if (slots[r].step.load(std::memory_order_acquire) < target) return false;
+  return before;
+}
+
+void ThreadsGroup::sync() {
+  arrive();
+  const uint64_t need = step_ * static_cast<uint64_t>(size());
+  const Gate& gate = shared_->gate;
+  // The poison bit may be set by a peer that already left a later call's first
+  // barrier; this barrier completes all the same.
+  shared_->signal->wait([&] { return (gate.arrivals.load(std::memory_order_acquire) & ~Gate::kPoisoned) >= need; },
+                        [] { return false; }, Clock::time_point::max());
+}
+
+bool ThreadsGroup::poison(uint64_t target, const std::string& reason) {
+  Gate& gate = shared_->gate;
+  const uint64_t need = target * static_cast<uint64_t>(size());
+  {
+    std::lock_guard<std::mutex> lock(shared_->poison_mutex);
+    uint64_t v = gate.arrivals.load(std::memory_order_acquire);
+    while (true) {
+      // Already poisoned: at this barrier (we leave with the others), or at a later
+      // one, which means this one completed.
+      if (v & Gate::kPoisoned) return gate.poisoned_at.load(std::memory_order_relaxed) == target;
+      if (v >= need) return false;  // completed: every peer may be reading our buffers
+      gate.poisoned_at.store(target, std::memory_order_relaxed);
+      shared_->poison_reason = reason;
+      shared_->poisoned_by = rank_;
+      // The decision point: a late arrival either completed the barrier before this
+      // (the CAS fails and we stay) or finds the bit and touches nothing.
+      if (gate.arrivals.compare_exchange_weak(v, v | Gate::kPoisoned, std::memory_order_acq_rel)) break;
     }
-    return true;
-  };
-  // A missing rank that returned from its launch function will never arrive.
-  int gone = -1;
-  auto stuck = [&] {
-    if (shared_->world->aborted()) return true;
-    // Gone first, then the step: a rank's last step is stored before it can be gone.
-    for (int r = 0; r < n && gone < 0; ++r) {
-      if (peer_gone(r) && slots[r].step.load(std::memory_order_acquire) < target) gone = r;
-    }
-    return gone >= 0;
-  };
-  const WaitResult result = shared_->signal->wait(arrived, stuck, Clock::now() + timeout_);
-  if (result == WaitResult::Ready) return;
-  throw_if_aborted(current_op_);
-  if (gone >= 0) throw_peer_gone(current_op_, gone);
-  std::vector<int64_t> missing;
-  for (int r = 0; r < n; ++r) {
-    if (slots[r].step.load() < target) missing.push_back(r);
   }
-  throw_timeout(current_op_, detail::concat("ranks ", shape_to_string(missing), " did not arrive"));
+  shared_->signal->notify();
+  return true;
+}
+
+void ThreadsGroup::throw_poisoned(uint64_t target) const {
+  std::string reason;
+  int by = -1;
+  {
+    std::lock_guard<std::mutex> lock(shared_->poison_mutex);
+    reason = shared_->poison_reason;
+    by = shared_->poisoned_by;
+  }
+  if (shared_->gate.poisoned_at.load(std::memory_order_relaxed) == target) {
+    throw std::runtime_error(detail::concat("[", current_op_, "] released from group '", name_, "' because rank ",
+                                            by, " left this call: ", reason));
+  }
+  throw std::runtime_error(detail::concat("[", current_op_, "] group '", name_, "' (threads, size ", size(),
+                                          ", this is rank ", rank_, ") can no longer be used: rank ", by,
+                                          " left an earlier call: ", reason));
+}
+
+std::string ThreadsGroup::timeout_reason(uint64_t target) const {
+  std::vector<int64_t> missing;
+  for (int r = 0; r < size(); ++r) {
+    if (shared_->slots[r].step.load(std::memory_order_acquire) < target) missing.push_back(r);
+  }
+  return detail::concat("[", current_op_, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
+                        "' (threads, size ", size(), ", this is rank ", rank_, "): ranks ", shape_to_string(missing),
+                        launch_ranks(missing), " did not arrive");
+}
+
+std::string ThreadsGroup::reason_to_leave(uint64_t target, bool walk_graph) {
+  const World& world = *shared_->world;
+  if (world.aborted()) {
+    return detail::concat("[", current_op_, "] released from group '", name_, "' because ", world.abort_reason());
+  }
+  const Slot* slots = shared_->slots.get();
+  // A missing rank that returned from its launch function will never arrive. Gone
+  // first, then the step: a rank's last step is stored before it can be gone.
+  for (int r = 0; r < size(); ++r) {
+    if (peer_gone(r) && slots[r].step.load(std::memory_order_acquire) < target) {
+      return detail::concat("[", current_op_, "] rank ", r, launch_ranks({r}), " of group '", name_,
+                            "' (threads, size ", size(), ", this is rank ", rank_,
+                            ") returned from its launch function without making this call: the ranks' calls diverged");
+    }
+  }
+  if (walk_graph) {
+    std::string cycle = world.find_deadlock(shared_->world_ranks[rank_], *shared_, target);
+    if (!cycle.empty()) {
+      return detail::concat("[", current_op_, "] deadlock in group '", name_, "' (threads, size ", size(),
+                            ", this is rank ", rank_, "): ", cycle, ": the ranks' calls diverged");
+    }
+  }
+  return "";
+}
+
+void ThreadsGroup::enter_call() {
+  const uint64_t before = arrive();
+  const uint64_t target = step_;
+  const Gate& gate = shared_->gate;
+  if (before & Gate::kPoisoned) throw_poisoned(target);
+  const uint64_t need = target * static_cast<uint64_t>(size());
+  auto broken = [&](uint64_t v) {
+    return (v & Gate::kPoisoned) && gate.poisoned_at.load(std::memory_order_relaxed) == target;
+  };
+  auto ready = [&] {
+    const uint64_t v = gate.arrivals.load(std::memory_order_acquire);
+    return (v & ~Gate::kPoisoned) >= need && !broken(v);
+  };
+  const auto deadline = this->deadline();
+  std::string reason;
+  // Every check of a waiting rank: flags only (ranks time-sharing a core wait past
+  // the spinning on most calls, and must not pay for more each time).
+  auto stuck = [&] {
+    if (broken(gate.arrivals.load(std::memory_order_acquire))) return true;
+    reason = reason_to_leave(target, false);
+    return !reason.empty();
+  };
+  // Once the wait sleeps (half a millisecond in), the rank's own thread publishes
+  // what it waits for and walks the wait-for graph, once per sleep slice.
+  bool published = false;
+  auto slow = [&] {
+    if (on_async_worker()) return false;
+    if (!published) shared_->world->block(shared_->world_ranks[rank_], shared_, target, me().to_string());
+    published = true;
+    reason = reason_to_leave(target, true);
+    return !reason.empty();
+  };
+  const WaitResult result = shared_->signal->wait(ready, stuck, deadline, slow);
+  if (published) shared_->world->unblock(shared_->world_ranks[rank_]);
+  if (result == WaitResult::Ready) return;
+  if (result == WaitResult::TimedOut) reason = timeout_reason(target);
+  if (reason.empty()) throw_poisoned(target);  // a peer left first
+  if (!poison(target, reason)) return;         // every rank arrived meanwhile: go on
+  throw std::runtime_error(reason);
 }
 
 void ThreadsGroup::check_same_call() {
@@ -266,18 +389,27 @@ void ThreadsGroup::check_same_call() {
     }
   }
   if (mismatch.empty()) return;
-  sync();  // every rank saw the same descriptors; let all finish reading them
+  sync();  // every rank saw the same descriptors; let all finish reading them (no abort can cut this short)
   throw std::invalid_argument(detail::concat("[", current_op_, "] ranks made different calls in group '",
                                              name_, "': ", mismatch));
 }
 
 void ThreadsGroup::run_now(const CallDesc& desc, const Algorithm& algorithm) {
   current_op_ = call_kind_name(desc.kind);
+  ++calls_;
   shared_->slots[rank_].desc = &desc;
-  sync();
+  enter_call();
+  // From here on every rank reads every descriptor and buffer until the last barrier.
   check_same_call();
-  algorithm(*this);
+  // An algorithm that throws still ends at the last barrier its peers wait at.
+  std::exception_ptr failed;
+  try {
+    algorithm(*this);
+  } catch (...) {
+    failed = std::current_exception();
+  }
   sync();
+  if (failed) std::rethrow_exception(failed);
 }
 
 void ThreadsGroup::drain_async() {
@@ -304,6 +436,7 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
       ~Unstarted() { if (world) world->worker_finished(rank); }
     } unstarted{shared_->world.get(), world_rank};
     worker_ = std::thread([queue = queue_, world = shared_->world, world_rank] {
+      t_on_async_worker = true;
       while (true) {
         queue->work.wait([&] { return queue->queued.load(std::memory_order_acquire) > 0 || queue->stop.load(); },
                          [] { return false; }, Clock::time_point::max());
@@ -333,13 +466,29 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
       } catch (...) {
         work->finish(std::current_exception());
       }
+      self->shared_->slots[self->rank_].pending_async.fetch_sub(1, std::memory_order_seq_cst);
     });
     // Counted only once queued (a failed push leaves nothing for drain_async to await).
+    shared_->slots[rank_].pending_async.fetch_add(1, std::memory_order_seq_cst);
     queue_->outstanding.fetch_add(1);
     queue_->queued.fetch_add(1);
   }
   queue_->work.notify();
   return work;
+}
+
+void ThreadsGroup::injected_stall() {
+  const World& world = *shared_->world;
+  const int me = shared_->world_ranks[rank_];
+  auto others_gone = [&] {
+    for (int r = 0; r < world.size(); ++r) {
+      if (r != me && !world.gone(r)) return false;
+    }
+    return true;
+  };
+  while (!world.aborted() && !others_gone()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  throw std::runtime_error(detail::concat("[fault] launch rank ", me, " stalled (DTENSOR_FAULT) until ",
+                                          world.aborted() ? world.abort_reason() : "every other rank returned"));
 }
 
 // ---- ThreadsGroup: split -----------------------------------------------------------
@@ -350,7 +499,10 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
   desc->color = color;
   desc->key = key;
   const int index = splits_++;
+  std::string child_name = detail::concat(name_, "/c", color);
+  if (index > 0) child_name += detail::concat(".", index);
   std::shared_ptr<GroupImpl> result;
+  std::exception_ptr failed;  // kept until the last barrier: peers wait at both
   run(desc, false, [&](ThreadsGroup& g) {
     // Members of my color in new-rank order: by key, then by rank in this group.
     std::vector<int> members;
@@ -360,29 +512,34 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
     std::stable_sort(members.begin(), members.end(),
                      [&](int a, int b) { return g.peer(a).key < g.peer(b).key; });
     const bool leader = !members.empty() && *std::min_element(members.begin(), members.end()) == rank_;
-    auto member_world_ranks = [&](const std::vector<int>& ranks) {
-      std::vector<int> world_ranks;
-      for (int m : ranks) world_ranks.push_back(shared_->world_ranks[m]);
-      return world_ranks;
-    };
     if (leader) {
+      std::shared_ptr<Shared> child;
+      try {
+        std::vector<int> world_ranks;
+        for (int m : members) world_ranks.push_back(shared_->world_ranks[m]);
+        child = std::make_shared<Shared>(std::move(world_ranks), shared_->world, child_name);
+      } catch (...) {
+        failed = std::current_exception();
+      }
       std::lock_guard<std::mutex> lock(shared_->split_mutex);
-      shared_->split_children[color] =
-          std::make_shared<Shared>(member_world_ranks(members), shared_->world);
+      shared_->split_children[color] = std::move(child);  // null: the members fail too
     }
     g.sync();
     if (!members.empty()) {
       std::shared_ptr<Shared> child;
       {
         std::lock_guard<std::mutex> lock(shared_->split_mutex);
-        child = shared_->split_children.at(color);
+        child = shared_->split_children[color];
       }
-      const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-      std::string child_name = detail::concat(name_, "/c", color);
-      if (index > 0) child_name += detail::concat(".", index);
-      auto group = std::make_shared<ThreadsGroup>(std::move(child), new_rank, std::move(child_name));
-      group->set_timeout(timeout_);
-      result = std::move(group);
+      try {
+        DT_CHECK_SUPPORTED(child != nullptr, "split", "the leader of color ", color, " could not create the group");
+        const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+        auto group = std::make_shared<ThreadsGroup>(std::move(child), new_rank, child_name);
+        group->set_timeout(timeout_);
+        result = std::move(group);
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+      }
     }
     g.sync();
     if (leader) {
@@ -390,6 +547,7 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
       shared_->split_children.erase(color);
     }
   });
+  if (failed) std::rethrow_exception(failed);
   return result;
 }
 
@@ -402,6 +560,11 @@ std::shared_ptr<CallDesc> make_desc(CallKind kind, DType dtype, const void* in, 
   d->dtype = dtype;
   d->in = in;
   d->out = out;
+  // Copied: an async call outlives the scope that named it.
+  if (const CallContext& context = CallContext::current(); !context.user_call.empty()) {
+    d->user_call = context.user_call;
+    d->purpose = context.purpose;
+  }
   return d;
 }
 }  // namespace

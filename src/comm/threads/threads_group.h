@@ -6,6 +6,12 @@
 // checks that all ranks made the same call, then runs the same algorithm (one file
 // per algorithm in this folder) on the peers' descriptors, with barriers between
 // phases and one at the end so no rank reuses a buffer a peer still reads.
+//
+// Faults: a rank may leave only the first barrier of a call (abort, timeout, a peer
+// that returned, a deadlock), before any peer touched its buffers, and only by
+// poisoning the group in the same atomic word that counts arrivals; a late peer then
+// sees the poison and touches nothing. Once the first barrier is passed every rank
+// finishes the call, so no buffer or descriptor is freed while a peer uses it.
 #pragma once
 
 #include <atomic>
@@ -24,8 +30,10 @@
 
 namespace dtensor::comm::threads {
 
-// One `launch`: the first failure, the ranks that are done, and everything to wake
-// when either changes.
+struct Shared;
+
+// One `launch`: the first failure, the ranks that are done, what each rank's own
+// thread waits for, and everything to wake when one of them changes.
 class World {
  public:
   explicit World(int size);
@@ -33,6 +41,7 @@ class World {
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
   std::string abort_reason() const;  // "rank 2 failed: <message>"
   void add_signal(const std::shared_ptr<Signal>& signal);
+  int size() const { return size_; }
 
   // A rank whose function returned normally; once its async workers are gone too it
   // can never join another collective, and peers waiting for it fail at once
@@ -47,12 +56,33 @@ class World {
   void worker_finished(int rank);
   void wait_for_workers();
 
+  // ---- the wait-for graph (wait_graph.cpp) ----------------------------------------
+  // A rank's own thread (not an async worker) waiting at the first barrier of a call
+  // publishes that here while it waits (after its first microseconds: fast waits
+  // publish nothing).
+  void block(int rank, const std::shared_ptr<Shared>& group, uint64_t target, std::string call);
+  void unblock(int rank);
+  // When `rank`, waiting in `group` at barrier `target`, is part of a cycle of ranks
+  // each waiting for the next at a barrier none of them can pass, the cycle
+  // ("rank 0 waits in 'world' in all_reduce(...) for rank 1, which waits in ..."),
+  // else "". Never a false alarm: every rank on the cycle is re-checked to have been
+  // blocked throughout.
+  std::string find_deadlock(int rank, const Shared& group, uint64_t target) const;
+
  private:
   void wake_all();
+  struct Blocked {
+    mutable std::mutex mutex;
+    std::atomic<uint64_t> version{0};  // odd while blocked
+    std::weak_ptr<Shared> group;
+    uint64_t target = 0;
+    std::string call;
+  };
   const int size_;
   std::atomic<bool> aborted_{false};
   std::unique_ptr<std::atomic<bool>[]> returned_;
   std::unique_ptr<std::atomic<int>[]> live_workers_;
+  std::unique_ptr<Blocked[]> blocked_;
   mutable std::mutex mutex_;
   std::string reason_;
   std::vector<std::weak_ptr<Signal>> signals_;
@@ -77,24 +107,45 @@ struct CallDesc {
   const BlockLayout* send_blocks = nullptr;
   const BlockLayout* recv_blocks = nullptr;
   int color = 0, key = 0;                             // split
-  std::string to_string() const;  // "all_reduce(f32, 1024 elements, sum)"
+  // The user-level call this one serves, when it is not the call itself
+  // ("redistribute S(0)->R"), and its part in it ("size exchange"); call_context.h.
+  std::string user_call, purpose;
+  // "all_reduce(f32, 1024 elements, sum)", or with a user-level call:
+  // "all_gather (its size exchange: all_gather(i64, counts [1, 1]))".
+  std::string to_string() const;
 };
 
 struct alignas(64) Slot {
-  std::atomic<uint64_t> step{0};
+  std::atomic<uint64_t> step{0};  // the last barrier this rank arrived at
   const CallDesc* desc = nullptr;
+  // Async calls of this rank queued or running on this group (the wait-for graph:
+  // a rank with none, blocked elsewhere, cannot arrive here).
+  std::atomic<int> pending_async{0};
+};
+
+// Arrivals at a group's barriers, all calls together: barrier k (every rank's k-th)
+// is complete once `arrivals` counts k * size. The top bit poisons the group.
+struct alignas(64) Gate {
+  static constexpr uint64_t kPoisoned = uint64_t{1} << 63;
+  std::atomic<uint64_t> arrivals{0};
+  std::atomic<uint64_t> poisoned_at{0};  // the barrier a leaver left (written before the bit)
 };
 
 class Mailbox;  // point-to-point matching, p2p.cpp
 
 // State shared by the ranks of one group.
 struct Shared {
-  Shared(std::vector<int> world_ranks, std::shared_ptr<World> world);
+  Shared(std::vector<int> world_ranks, std::shared_ptr<World> world, std::string name);
   ~Shared();
   const int size;
   const std::shared_ptr<World> world;
   const std::vector<int> world_ranks;  // of each rank of this group, in the launch
+  const std::string name;
   std::unique_ptr<Slot[]> slots;
+  Gate gate;
+  std::mutex poison_mutex;
+  std::string poison_reason;  // the leaver's error, under poison_mutex
+  int poisoned_by = -1;
   std::shared_ptr<Signal> signal = std::make_shared<Signal>();
   std::vector<std::unique_ptr<Mailbox>> mailboxes;  // one per receiving rank
   std::mutex split_mutex;
@@ -148,7 +199,8 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   // ---- what the algorithms see during a call --------------------------------------
   const CallDesc& me() const { return *shared_->slots[rank_].desc; }
   const CallDesc& peer(int r) const { return *shared_->slots[r].desc; }
-  // All ranks reach this point; throws on abort or timeout naming the missing ranks.
+  // A barrier inside a call: every rank that passed the call's first barrier reaches
+  // it, so it waits without timeout (algorithms must not throw between barriers).
   void sync();
   Shared& shared() { return *shared_; }
   // Throws the launch's failure if there is one (p2p waits use it too).
@@ -156,24 +208,46 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   // Whether rank r of this group returned from its launch function for good.
   bool peer_gone(int r) const { return shared_->world->gone(shared_->world_ranks[r]); }
   [[noreturn]] void throw_peer_gone(const char* op, int r) const;
+  // " (launch ranks [3, 5])" for these ranks of a sub-group, "" in the launch's world.
+  std::string launch_ranks(const std::vector<int64_t>& ranks) const;
   [[noreturn]] void throw_timeout(const char* op, const std::string& missing) const;
+  // The fault-injection stall (fault_injection.h): until the launch fails or every
+  // other rank has returned.
+  void injected_stall() override;
 
  private:
   using Algorithm = std::function<void(ThreadsGroup&)>;
   // Publishes desc, checks every rank made the same call, runs the algorithm.
   WorkPtr run(std::shared_ptr<CallDesc> desc, bool async, Algorithm algorithm);
   void run_now(const CallDesc& desc, const Algorithm& algorithm);
+  // Counts this rank in at the next barrier; returns the arrivals before it.
+  uint64_t arrive();
+  // The first barrier of a call: the only one a rank may leave early (throwing),
+  // by poisoning the group. Returns once every rank arrived.
+  void enter_call();
+  // Why this rank cannot wait any longer at `target` (an abort, a peer that returned,
+  // with `walk_graph` a deadlock through the wait-for graph), "" if it can.
+  std::string reason_to_leave(uint64_t target, bool walk_graph);
+  std::string timeout_reason(uint64_t target) const;
+  // Poisons the group at `target` with `reason`; false if the barrier completed first
+  // (the call then goes on).
+  bool poison(uint64_t target, const std::string& reason);
+  [[noreturn]] void throw_poisoned(uint64_t target) const;
   void check_same_call();
   void drain_async();
 
   std::shared_ptr<Shared> shared_;
   const int rank_;
   uint64_t step_ = 0;
+  uint64_t calls_ = 0;  // collectives this rank made on the group (for messages)
   int splits_ = 0;
   const char* current_op_ = "";
   std::shared_ptr<AsyncQueue> queue_;
   std::thread worker_;
 };
+
+// Whether this thread is an async worker (wait-for graph nodes are ranks' own threads).
+bool on_async_worker();
 
 // Makes the group of all ranks of a new launch.
 std::shared_ptr<Shared> make_world(std::shared_ptr<World> world, int size);
