@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what dtensor needs on Debian 12 (skips apt entirely when all is present).
 set -euo pipefail
-packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
+packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libdnnl-dev libblis-dev libopenmpi-dev openmpi-bin
           libgtest-dev libbenchmark-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,80 @@
+# The configure summary of the CPU GEMM engines: which ones this build has and, from
+# a probe run on this machine, the kernel each picks here. dtensor chooses between
+# the engines per GEMM shape at run time by measuring them (src/backend/cpu/gemm.cpp,
+# docs/cpu-kernels.md), so the probe only informs, and warns when OpenBLAS's CPU
+# model table falls back to a kernel weaker than this CPU (it never sets
+# OPENBLAS_CORETYPE: that is the user's).
+set(probe_defs "")
+set(probe_libs PkgConfig::OPENBLAS)
+set(probe_includes "")
+if(DTENSOR_WITH_ONEDNN)
+  list(APPEND probe_defs -DPROBE_ONEDNN)
+  list(APPEND probe_libs ${DTENSOR_ONEDNN_LIBRARY} ${OpenMP_CXX_LIBRARIES})
+  list(APPEND probe_includes ${DTENSOR_ONEDNN_INCLUDE_DIR})
+endif()
+if(DTENSOR_WITH_BLIS)
+  list(APPEND probe_defs -DPROBE_BLIS)
+  list(APPEND probe_libs ${DTENSOR_BLIS_LIBRARY})
+endif()
+set(probe_output "")
+if(NOT CMAKE_CROSSCOMPILING)
+  try_run(probe_run probe_compiled ${CMAKE_CURRENT_BINARY_DIR}/gemm_probe
+          ${CMAKE_CURRENT_SOURCE_DIR}/cmake/gemm_probe.cpp
+          CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${probe_includes}"
+          COMPILE_DEFINITIONS ${probe_defs}
+          LINK_LIBRARIES ${probe_libs}
+          RUN_OUTPUT_VARIABLE probe_output)
+endif()
+function(probe_value key out)
+  string(REGEX MATCH "${key}=([^\n]*)" found "${probe_output}")
+  set(${out} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+endfunction()
+probe_value(openblas openblas_core)
+probe_value(onednn onednn_info)
+probe_value(blis blis_info)
+probe_value(avx512 cpu_avx512)
+probe_value(avx2 cpu_avx2)
+set(engines "OpenBLAS ${OPENBLAS_VERSION}")
+if(openblas_core)
+  string(APPEND engines " (${openblas_core} kernels here)")
+endif()
+if(DTENSOR_WITH_ONEDNN)
+  string(APPEND engines ", oneDNN")
+  if(onednn_info)
+    string(APPEND engines " ${onednn_info}")
+  endif()
+endif()
+if(DTENSOR_WITH_BLIS)
+  string(APPEND engines ", BLIS")
+  if(blis_info)
+    string(APPEND engines " ${blis_info} kernels")
+  endif()
+endif()
+message(STATUS "dtensor: CPU GEMM engines: ${engines}; chosen per shape at run time by measurement "
+               "(DTENSOR_GEMM_ENGINE=openblas|onednn|blis pins one)")
+if(NOT DTENSOR_WITH_ONEDNN)
+  message(STATUS "dtensor: oneDNN not used (libdnnl-dev: its AVX-512/AMX kernels do not depend on a CPU model table)")
+endif()
+string(TOLOWER "${openblas_core}" core)
+set(core_level 0)
+if(core MATCHES "^(skylakex|cooperlake|sapphirerapids)$")
+  set(core_level 3)
+elseif(core MATCHES "^(haswell|zen|excavator)$")
+  set(core_level 2)
+endif()
+set(cpu_level 0)
+if(cpu_avx512)
+  set(cpu_level 3)
+elseif(cpu_avx2)
+  set(cpu_level 2)
+endif()
+if(openblas_core AND core_level LESS cpu_level)
+  set(cpu_isa AVX2)
+  if(cpu_level EQUAL 3)
+    set(cpu_isa AVX-512)
+  endif()
+  message(WARNING "dtensor: OpenBLAS picks its ${openblas_core} kernels on this CPU, which has "
+                  "${cpu_isa} (OpenBLAS's CPU model table does not know this model). Set OPENBLAS_CORETYPE (SkylakeX or Cooperlake with AVX-512, Haswell "
+                  "or Zen with AVX2) to give OpenBLAS its faster kernels; dtensor measures every engine "
+                  "and uses the fastest per shape either way.")
+endif()
