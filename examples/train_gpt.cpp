@@ -32,7 +32,11 @@ struct OptionSpec {
 
 const std::vector<OptionSpec>& option_specs() {
   static const std::vector<OptionSpec> specs = {
-      {"mesh", "dp=2", "parallel layout, e.g. dp=2 (the product is the number of ranks)"},
+      {"mesh", "dp=2", "parallel layout: dp=2, tp=2 or dp=2,tp=2 (the product is the number of ranks)"},
+      {"sequence-parallel", "false", "with tp: norms and dropout on sequence shards (Megatron sequence parallelism)",
+       true},
+      {"gather-logits", "false", "with tp: all-gather the logits before the loss instead of the vocab-parallel loss",
+       true},
       {"backend", "threads", "threads (ranks are threads of this process) or mpi (run under mpirun)"},
       {"steps", "200", "optimizer steps"},
       {"batch", "16", "global batch in sequences (split over dp, then over grad-accum)"},
@@ -174,23 +178,33 @@ class Options {
   std::map<std::string, std::string> values_;
 };
 
-// The mesh flag: "dp=2" (tensor, pipeline and fully sharded layouts arrive with
-// their issues).
-int64_t parse_dp(const std::string& mesh) {
-  const size_t eq = mesh.find('=');
-  if (eq == std::string::npos) throw std::invalid_argument("--mesh: expected NAME=SIZE such as dp=2, got '" + mesh + "'");
-  const std::string name = mesh.substr(0, eq), size = mesh.substr(eq + 1);
-  if (name != "dp") {
-    throw std::invalid_argument("--mesh: only the data-parallel dim 'dp' is supported in this release, got '" + name + "'");
+// The mesh flag: "dp=2", "tp=2", "dp=2,tp=2" (pipeline and fully sharded layouts
+// arrive with their issues).
+MeshShape parse_mesh(const std::string& text) {
+  MeshShape mesh;
+  try {
+    mesh = parse_mesh_shape(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--mesh: ") + e.what());
   }
-  char* end = nullptr;
-  const long long n = std::strtoll(size.c_str(), &end, 10);
-  if (size.empty() || *end || n < 1) throw std::invalid_argument("--mesh: expected a positive size for dp, got '" + size + "'");
-  return n;
+  for (const std::string& name : mesh.names) {
+    if (name != "dp" && name != "tp") {
+      throw std::invalid_argument("--mesh: dims are dp (data parallel) and tp (tensor parallel), got '" + name + "'");
+    }
+  }
+  return mesh;
+}
+
+std::string to_string(const MeshShape& mesh) {
+  std::string out;
+  for (size_t d = 0; d < mesh.names.size(); ++d) out += (d ? "," : "") + mesh.names[d] + "=" + std::to_string(mesh.shape[d]);
+  return out;
 }
 
 struct Settings {
-  int64_t dp = 1, steps = 0, batch = 0, grad_accum = 1;
+  MeshShape mesh;
+  int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;
+  bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
   nn::GPTConfig model;
@@ -201,7 +215,11 @@ struct Settings {
 
 Settings read_settings(const Options& o) {
   Settings s;
-  s.dp = parse_dp(o.str("mesh"));
+  s.mesh = parse_mesh(o.str("mesh"));
+  s.dp = s.mesh.size("dp");
+  s.tp = s.mesh.size("tp");
+  s.sequence_parallel = o.flag("sequence-parallel");
+  s.loss_parallel = !o.flag("gather-logits");
   s.backend = o.choice("backend", {"threads", "mpi"});
   s.steps = o.integer("steps");
   s.batch = o.integer("batch");
@@ -255,16 +273,30 @@ std::unique_ptr<TokenDataset> make_dataset(const Settings& s) {
 
 // One rank's training loop. Returns rank 0's log history through `log`.
 void train(Group world, const Settings& s, const TokenDataset& data) {
-  DeviceMesh mesh(world, {s.dp}, {"dp"});
+  DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
   if (!s.trace.empty()) Tracer::record_steps(s.trace_first, s.trace_count);
   nn::GPTConfig config = s.model;
   config.vocab = data.vocab_size();
   nn::GPT model(mesh, config, s.seed);
-  parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = s.bucket_mb});
+  const bool has_dp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "dp") > 0;
+  const bool has_tp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "tp") > 0;
+  // Megatron tensor parallelism on tp (heads, MLP hidden and vocabulary sharded),
+  // data parallelism (bucketed all-reduce) on dp.
+  if (has_tp) {
+    parallel::parallelize_module(model, mesh["tp"],
+                                 parallel::gpt_tp_plan(config, {.sequence_parallel = s.sequence_parallel,
+                                                                .loss_parallel = s.loss_parallel}));
+  }
+  std::optional<parallel::DistributedDataParallel> ddp;
+  if (has_dp) ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = s.bucket_mb, .dp_dim = "dp"});
+  // The batch is split over dp and replicated over tp.
+  Placements batch_layout;
+  for (const std::string& name : s.mesh.names) batch_layout.push_back(name == "dp" ? Shard(0) : Replicate());
+  const int64_t dp_coordinate = has_dp ? mesh.coordinate(mesh.dim_index("dp")) : 0;
   AdamW optimizer(model.parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
   // Short runs (tests, smoke checks) shorten the warmup rather than fail.
   const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
-  DistributedSampler sampler(data.size(), s.batch, mesh.coordinate(0), s.dp, s.seed, true, s.grad_accum);
+  DistributedSampler sampler(data.size(), s.batch, dp_coordinate, s.dp, s.seed, true, s.grad_accum);
   std::optional<LossScaler> scaler;
   if (s.precision == "fp16") scaler.emplace();
   const std::optional<DType> compute = s.precision == "bf16" ? std::optional<DType>(DType::BF16)
@@ -294,8 +326,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     double loss_value = 0;
     for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, micro_shape);
-      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, micro_shape);
+      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, batch_layout, micro_shape);
+      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, batch_layout, micro_shape);
       DistTensor loss;
       {
         TraceSpan span("forward", "compute");
@@ -306,8 +338,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       {
         TraceSpan span("backward", "compute");
         const DistTensor scaled = scaler ? scaler->scale(loss) : loss;
-        if (micro + 1 < s.grad_accum) {
-          auto no_sync = ddp.no_sync();
+        if (micro + 1 < s.grad_accum && ddp) {
+          auto no_sync = ddp->no_sync();
           scaled.backward();
         } else {
           scaled.backward();
@@ -317,7 +349,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     }
     {
       TraceSpan span("optimizer", "compute");
-      ddp.wait_for_gradients();
+      if (ddp) ddp->wait_for_gradients();
       const bool finite = !scaler || scaler->unscale_and_check(model.parameters());
       if (finite) {
         if (s.clip > 0) clip_grad_norm(model.parameters(), s.clip);
@@ -365,8 +397,9 @@ int main(int argc, char** argv) {
     const std::unique_ptr<TokenDataset> data = make_dataset(settings);
     if (settings.backend == "mpi") {
       Group world = init("mpi");
-      if (world.size() != settings.dp) {
-        throw std::invalid_argument("--mesh dp=" + std::to_string(settings.dp) + " needs " + std::to_string(settings.dp) +
+      const int64_t ranks = shape_numel(settings.mesh.shape);
+      if (world.size() != ranks) {
+        throw std::invalid_argument("--mesh " + to_string(settings.mesh) + " needs " + std::to_string(ranks) +
                                     " ranks, mpirun started " + std::to_string(world.size()));
       }
       std::string trace = settings.trace;
@@ -381,7 +414,7 @@ int main(int argc, char** argv) {
       if (!trace.empty()) std::printf("trace: %s\n", Tracer::stop().c_str());
     } else {
       if (!settings.trace.empty()) Tracer::start(settings.trace);
-      launch(static_cast<int>(settings.dp), [&](Group world) { train(world, settings, *data); });
+      launch(static_cast<int>(shape_numel(settings.mesh.shape)), [&](Group world) { train(world, settings, *data); });
       if (!settings.trace.empty()) std::printf("trace: %s (open in Perfetto)\n", Tracer::stop().c_str());
     }
   } catch (const std::exception& e) {

@@ -13,13 +13,15 @@ using Grads = std::vector<DistTensor>;
 
 namespace {
 
-// True when merging all dims but the last into one is free for t's layout: only the
-// outermost of those dims may be sharded, evenly (a shard of the merged dim is then
-// the same contiguous block of rows), so the reshape communicates nothing.
-bool batch_rows_flatten(const DistTensor& t) {
+// True when merging all dims but the last into one is free for t's layout: no
+// Partial (its reduction stays with the MoveMemo of the other product), and only the
+// outermost of those dims sharded, evenly (a shard of the merged dim is then the same
+// contiguous block of rows), so the reshape communicates nothing.
+bool flattens_for_free(const DistTensor& t) {
   int64_t shards_of_dim0 = 1;
   for (size_t m = 0; m < t.placements().size(); ++m) {
     const Placement& p = t.placements()[m];
+    if (p.is_partial()) return false;
     for (int64_t d = 1; d + 1 < t.dim(); ++d) {
       if (p.is_shard(d)) return false;
     }
@@ -49,8 +51,9 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
   if (!autograd::needs_grad({a, b})) return out;
   const DistTensor sa = a.detach(), sb = b.detach();
   return with_grad(out, "matmul", {a, b}, [sa, sb](const Grads& g) {
-    DistTensor grad_b;
-    if (sb.dim() == 2 && sa.dim() > 2 && batch_rows_flatten(sa) && batch_rows_flatten(g[0])) {
+    dispatch::MoveMemo memo;  // both products move g[0] the same way: once
+    DistTensor grad_a = ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape()), grad_b;
+    if (sb.dim() == 2 && sa.dim() > 2 && flattens_for_free(sa) && flattens_for_free(g[0])) {
       // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
       // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
       const int64_t k = sa.size(-1), n = g[0].size(-1);
@@ -58,7 +61,7 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
     } else {
       grad_b = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
     }
-    return Grads{ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape()), grad_b};
+    return Grads{grad_a, grad_b};
   });
 }
 

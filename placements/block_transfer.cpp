@@ -56,15 +56,37 @@ struct Traffic {
   int64_t local_bytes = 0;  // kept and copied into the new local tensor
 };
 
-// What the rank at `me` sends to other ranks.
-Traffic sends_of(const std::vector<int64_t>& me, const StepContext& ctx, const Shape& mesh_shape) {
+// Every rank's block under `placements`, by row-major mesh index.
+std::vector<Block> all_blocks(const StepContext& ctx, const Placements& placements) {
+  const Shape& mesh_shape = ctx.mesh.shape();
+  std::vector<Block> blocks;
+  blocks.reserve(static_cast<size_t>(shape_numel(mesh_shape)));
+  for (int64_t r = 0; r < shape_numel(mesh_shape); ++r) {
+    blocks.push_back(local_block(ctx.global_shape, mesh_shape, placements, coordinate_of(r, mesh_shape)));
+  }
+  return blocks;
+}
+
+int64_t intersection_numel(const Block& a, const Block& b) {
+  int64_t n = 1;
+  for (size_t d = 0; d < a.size() && n > 0; ++d) {
+    n *= std::max<int64_t>(std::min(a[d].end(), b[d].end()) - std::max(a[d].offset, b[d].offset), 0);
+  }
+  return n;
+}
+
+// What mesh rank `me` sends to other ranks, given every rank's block before and
+// after (the planner prices a block transfer for every rank, so the blocks are
+// computed once per step rather than once per pair).
+Traffic sends_of(int64_t me, const StepContext& ctx, const std::vector<Block>& before,
+                 const std::vector<Block>& after) {
+  const Shape& mesh_shape = ctx.mesh.shape();
+  const std::vector<int64_t> my_coordinate = coordinate_of(me, mesh_shape);
   Traffic traffic;
-  const Block mine = local_block(ctx.global_shape, mesh_shape, ctx.from, me);
   for (int64_t q = 0; q < shape_numel(mesh_shape); ++q) {
-    const std::vector<int64_t> receiver = coordinate_of(q, mesh_shape);
-    if (!serves(me, receiver, ctx.from, mesh_shape)) continue;
-    const int64_t n = ranges_numel(intersect(mine, local_block(ctx.global_shape, mesh_shape, ctx.to, receiver)));
-    if (receiver == me) {
+    if (!serves(my_coordinate, coordinate_of(q, mesh_shape), ctx.from, mesh_shape)) continue;
+    const int64_t n = intersection_numel(before[static_cast<size_t>(me)], after[static_cast<size_t>(q)]);
+    if (q == me) {
       traffic.local_bytes = n * static_cast<int64_t>(dtype_size(ctx.dtype));
     } else if (n > 0) {
       traffic.bytes += n * static_cast<int64_t>(dtype_size(ctx.dtype));
@@ -101,10 +123,10 @@ class BlockTransferTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    const Shape& mesh_shape = ctx.mesh.shape();
+    const std::vector<Block> before = all_blocks(ctx, ctx.from), after = all_blocks(ctx, ctx.to);
     Traffic worst;
-    for (int64_t r = 0; r < shape_numel(mesh_shape); ++r) {
-      const Traffic t = sends_of(coordinate_of(r, mesh_shape), ctx, mesh_shape);
+    for (int64_t r = 0; r < ctx.mesh.size(); ++r) {
+      const Traffic t = sends_of(r, ctx, before, after);
       worst.bytes = std::max(worst.bytes, t.bytes);
       worst.peers = std::max(worst.peers, t.peers);
       worst.local_bytes = std::max(worst.local_bytes, t.local_bytes);
@@ -114,7 +136,7 @@ class BlockTransferTransform final : public Transform {
   }
 
   Footprint footprint(const StepContext& ctx) const override {
-    const Traffic t = sends_of(ctx.mesh.coordinate(), ctx, ctx.mesh.shape());
+    const Traffic t = sends_of(ctx.mesh.linear_index(), ctx, all_blocks(ctx, ctx.from), all_blocks(ctx, ctx.to));
     return {"send", t.peers, t.bytes};
   }
 

@@ -230,3 +230,28 @@ TEST(DeviceMesh, ConstructionErrors) {
 
 }  // namespace
 }  // namespace dtensor
+
+namespace dtensor {
+
+TEST(DeviceMeshShape, ParsesWhatToStringPrints) {
+  const MeshShape m = parse_mesh_shape("dp=2,tp=4");
+  EXPECT_EQ(m.shape, (Shape{2, 4}));
+  EXPECT_EQ(m.names, (std::vector<std::string>{"dp", "tp"}));
+  EXPECT_EQ(m.size("tp"), 4);
+  EXPECT_EQ(m.size("pp"), 1);
+  EXPECT_EQ(parse_mesh_shape(" pp = 4 , dp=2,tp=2 ").shape, (Shape{4, 2, 2}));
+  launch(4, [](Group g) {
+    const DeviceMesh mesh(g, {2, 2}, {"dp", "tp"});
+    const MeshShape back = parse_mesh_shape(mesh.to_string());
+    EXPECT_EQ(back.shape, mesh.shape());
+    EXPECT_EQ(back.names, mesh.names());
+  });
+  EXPECT_THROW_MSG(parse_mesh_shape("dp2"), std::invalid_argument, "[parse_mesh_shape] no '=' in 'dp2' at position 0");
+  EXPECT_THROW_MSG(parse_mesh_shape("dp=2,tp=x"), std::invalid_argument, "size 'x' of dim 'tp' is not a positive integer at position 8");
+  EXPECT_THROW_MSG(parse_mesh_shape("dp=0"), std::invalid_argument, "size '0' of dim 'dp'");
+  EXPECT_THROW_MSG(parse_mesh_shape("dp=2,dp=2"), std::invalid_argument, "dim 'dp' twice");
+  EXPECT_THROW_MSG(parse_mesh_shape("=2"), std::invalid_argument, "an empty dim name");
+  EXPECT_THROW_MSG(parse_mesh_shape(""), std::invalid_argument, "an empty mesh");
+}
+
+}  // namespace dtensor

@@ -75,4 +75,15 @@ class DeviceMesh {
   std::shared_ptr<const Impl> impl_;
 };
 
+// A mesh's shape and dim names as DeviceMesh::to_string() prints them:
+// "dp=2,tp=4" -> shape {2, 4}, names {"dp", "tp"} (spaces allowed around the
+// separators). Throws std::invalid_argument naming the position for a missing
+// '=', an empty or repeated name, or a size that is not a positive integer.
+struct MeshShape {
+  Shape shape;
+  std::vector<std::string> names;
+  int64_t size(std::string_view name) const;  // 1 when the mesh has no such dim
+};
+MeshShape parse_mesh_shape(std::string_view text);
+
 }  // namespace dtensor

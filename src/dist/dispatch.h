@@ -13,11 +13,16 @@
 // dim a strategy either replicates, or shards one letter (inputs with the letter
 // are sharded on its dim, the others replicated; the output is sharded on the
 // letter's dim, or Partial(sum) when the letter is contracted away), or passes a
-// Partial through an input the op is linear in.
+// Partial through an input the op is linear in, if the output is no larger than
+// that input (a Partial is resolved at the smallest tensor it reaches). A strategy
+// that creates a Partial is charged the bandwidth of its later all-reduce
+// (Strategy::deferred_seconds), so that keeping an operand in place by leaving a
+// large output Partial loses to moving a small operand now.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +34,11 @@ namespace dtensor::dispatch {
 struct Strategy {
   std::vector<Placements> inputs;
   Placements output;
+  // What resolving the output's Partial mesh dims will cost later (the all-reduce
+  // that makes them Replicate), charged when strategies are compared: a strategy
+  // that keeps inputs in place by leaving a large output Partial must not beat one
+  // that moves a small operand now (see choose_strategy). 0 without Partials.
+  double deferred_seconds = 0;
 };
 
 // How an op passes Partial inputs through.
@@ -54,15 +64,47 @@ struct EinsumSpec {
   ReduceOp contraction = ReduceOp::Sum;
 };
 
-std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs);
+// The output's global shape, when the caller knows it, sizes the Partial rules
+// (letters only the output has, as expand's stretched dims, cannot be derived
+// from the spec); without it each output letter takes its size from an input.
+std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs,
+                                        const std::optional<Shape>& out_shape = std::nullopt);
 
-// The index of the cheapest strategy for these inputs.
+// The index of the cheapest strategy for these inputs: the predicted seconds of
+// moving every input to the strategy's placements plus its deferred_seconds.
 size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs);
 
 // The inputs moved to the strategy's placements, as local tensors. The moves are
 // not recorded for autograd: every op records its own backward against its
 // original inputs.
 std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs);
+
+// While alive on this rank, local_inputs moves each (tensor, placements) pair
+// once: a second op that needs the same tensor in the same placements reuses the
+// result. A backward function opens one when it feeds one gradient to several ops
+// (matmul's backward multiplies its output gradient twice; a Partial gradient is
+// then all-reduced once, as in Megatron, not once per product). Scoped rather than
+// kept on the tensor, so no moved copy outlives the function that needed it.
+class MoveMemo {
+ public:
+  MoveMemo();
+  ~MoveMemo();
+  MoveMemo(const MoveMemo&) = delete;
+  MoveMemo& operator=(const MoveMemo&) = delete;
+  // The moved local tensor, if `t` was moved to `placements` in this scope.
+  const Tensor* find(const DistTensor& t, const Placements& placements) const;
+  void add(const DistTensor& t, const Placements& placements, const Tensor& moved);
+  static MoveMemo* active();
+
+ private:
+  struct Entry {
+    DistTensor source;  // held, so its address cannot be reused while the memo lives
+    Placements placements;
+    Tensor moved;
+  };
+  std::vector<Entry> entries_;
+  MoveMemo* previous_;
+};
 
 // Cached strategy choice. `attributes` distinguishes calls of one op that need
 // different strategies (dims, keepdim, ...). `build` (returning the candidate

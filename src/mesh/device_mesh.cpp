@@ -6,6 +6,7 @@
 #include "dtensor/device_mesh.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "dtensor/error.h"
@@ -371,6 +372,45 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
   if (!impl_ || !other.impl_) return false;
   return impl_->shape == other.impl_->shape && impl_->ranks == other.impl_->ranks &&
          impl_->world == other.impl_->world;
+}
+
+int64_t MeshShape::size(std::string_view name) const {
+  for (size_t d = 0; d < names.size(); ++d) {
+    if (names[d] == name) return shape[d];
+  }
+  return 1;
+}
+
+MeshShape parse_mesh_shape(std::string_view text) {
+  auto fail = [&](size_t pos, const std::string& what) {
+    throw std::invalid_argument("[parse_mesh_shape] " + what + " at position " + std::to_string(pos) + " of '" +
+                                std::string(text) + "' (expected NAME=SIZE,... such as dp=2,tp=4)");
+  };
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+    while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+    return s;
+  };
+  MeshShape out;
+  size_t start = 0;
+  if (trim(text).empty()) fail(0, "an empty mesh");
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string_view item = text.substr(start, comma - start);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) fail(start, "no '=' in '" + std::string(item) + "'");
+    const std::string name(trim(item.substr(0, eq)));
+    const std::string size(trim(item.substr(eq + 1)));
+    if (name.empty()) fail(start, "an empty dim name");
+    if (std::find(out.names.begin(), out.names.end(), name) != out.names.end()) fail(start, "dim '" + name + "' twice");
+    char* end = nullptr;
+    const long long n = std::strtoll(size.c_str(), &end, 10);
+    if (size.empty() || *end || n < 1) fail(start + eq + 1, "size '" + size + "' of dim '" + name + "' is not a positive integer");
+    out.names.push_back(name);
+    out.shape.push_back(n);
+    start = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace dtensor
