@@ -12,8 +12,9 @@
 // Engine choice: no table of CPU models decides which library is fast here. The
 // first call of each GEMM signature (dtype, transposes, batch, m, n, k, threads)
 // runs every candidate route on the call's own operands into a scratch output (one
-// warm-up run for kernel generation and first touch, then the shortest of
-// kTimedRounds runs) and pins the signature to the fastest; a route must beat the
+// warm-up run each, then kTimedRounds interleaved rounds; the cost of a run is its
+// CPU time over all threads, which other processes on the machine do not inflate)
+// and pins the signature to the cheapest; a route must beat the
 // default (oneDNN when built, else OpenBLAS) by 5% to replace it. The real output is
 // always written by the chosen route, so results never depend on the order of calls,
 // and all ranks of a process share the table. A training step repeats a dozen
@@ -114,7 +115,7 @@ struct SignatureHash {
   }
 };
 
-constexpr int kTimedRounds = 3;
+constexpr int kTimedRounds = 4;
 // GEMMs smaller than this (multiply-adds) are not tuned: they take the default
 // route, as their time is all call overhead.
 constexpr int64_t kMinTunedWork = int64_t{1} << 18;
@@ -174,12 +175,28 @@ int default_route(const std::vector<Route>& routes) {
   return 0;
 }
 
+// Cost of each route: one warm-up run each (kernel generation, first touch), then
+// kTimedRounds rounds that run every route once in turn, keeping each route's
+// cheapest run. Interleaving spreads load changes over all routes alike; runs over
+// 20 ms get a single round.
+std::vector<double> measure_routes(const std::vector<Route>& routes,
+                                   const std::function<double(const Route&)>& run_once) {
+  std::vector<double> best(routes.size(), 1e30);
+  double longest = 0;
+  for (const Route& r : routes) longest = std::max(longest, run_once(r));
+  const int rounds = longest > 0.02 ? 1 : kTimedRounds;
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < routes.size(); ++i) best[i] = std::min(best[i], run_once(routes[i]));
+  }
+  return best;
+}
+
 class Tuner {
  public:
   // The route of signature s. The first call of a signature measures every candidate
-  // with time_route (on scratch output, so results never depend on which route ran
-  // a given call) and keeps the fastest; later calls, and calls of other threads
-  // that arrive while it measures, get that choice.
+  // with time_route (one run on scratch output, so results never depend on which
+  // route ran a given call; see measure_routes) and keeps the fastest; later calls,
+  // and calls of other threads that arrive while it measures, get that choice.
   Route choose(const Signature& s, const std::function<double(const Route&)>& time_route) {
     std::unique_lock<std::mutex> lock(mutex_);
     Tuning& t = table_[s];
@@ -197,8 +214,7 @@ class Tuner {
     t.measuring = true;
     const std::vector<Route> routes = t.routes;
     lock.unlock();
-    std::vector<double> best(routes.size());
-    for (size_t i = 0; i < routes.size(); ++i) best[i] = time_route(routes[i]);
+    const std::vector<double> best = measure_routes(routes, time_route);
     lock.lock();
     const int fallback = default_route(routes);
     int pick = static_cast<int>(std::min_element(best.begin(), best.end()) - best.begin());
@@ -250,18 +266,11 @@ class Tuner {
   std::unordered_map<Signature, Tuning, SignatureHash> table_;
 };
 
-// Shortest of kTimedRounds runs after one warm-up run (kernel generation, first
-// touch); one timed run when a single run takes longer than 20 ms.
-double time_runs(const std::function<void()>& run) {
-  auto once = [&] {
-    const auto t0 = std::chrono::steady_clock::now();
-    run();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  const double warm = once();
-  double best = once();
-  for (int r = 1; r < kTimedRounds && warm < 0.02; ++r) best = std::min(best, once());
-  return best;
+// CPU seconds of one run (CpuTimer: this thread and the pool tasks it starts).
+double cpu_seconds(const std::function<void()>& run) {
+  const CpuTimer timer;
+  run();
+  return timer.seconds();
 }
 
 Tuner& tuner() {
@@ -387,7 +396,7 @@ void tuned_matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   const Signature s{out.dtype(), la && la->trans, lb && lb->trans, batch, m, n, k, tasks_for(batch, m, n, k)};
   const Route route = tuner().choose(s, [&](const Route& r) {
     Tensor scratch = Tensor::empty(out.shape(), out.dtype());
-    return time_runs([&] { run_route(r, a, b, scratch); });
+    return cpu_seconds([&] { run_route(r, a, b, scratch); });
   });
   run_route(route, a, b, out);
 }
@@ -415,7 +424,7 @@ void gemm_f32(const GemmArgs& g, const float* a, const float* b, float* c) {
   const Route route = tuner().choose(s, [&](const Route& r) {
     // Zeros: beta = 1 reads the output, and garbage could hold slow denormals.
     std::vector<float> scratch(static_cast<size_t>(g.m * g.ldc), 0.0f);
-    return time_runs([&] { engines[static_cast<size_t>(r.engine)]->sgemm(g, a, b, scratch.data()); });
+    return cpu_seconds([&] { engines[static_cast<size_t>(r.engine)]->sgemm(g, a, b, scratch.data()); });
   });
   engines[static_cast<size_t>(route.engine)]->sgemm(g, a, b, c);
 }

@@ -2,6 +2,7 @@
 #include "backend/cpu/parallel.h"
 
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -73,6 +74,14 @@ T await_change(const std::atomic<T>& word, T old) {
 }
 
 thread_local bool inside_region = false;  // a worker, or a caller inside parallel_for
+thread_local bool pool_worker = false;
+thread_local CpuTimer* active_timer = nullptr;
+
+int64_t thread_cpu_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 class Pool {
  public:
@@ -110,6 +119,7 @@ class Pool {
  private:
   void work() {
     inside_region = true;
+    pool_worker = true;
     uint64_t seen = 0;
     for (;;) {
       seen = await_change(epoch_, seen);
@@ -179,7 +189,23 @@ void parallel_run(int tasks, const std::function<void(int task)>& fn) {
   struct Reset {
     ~Reset() { inside_region = false; }
   } reset;
+  if (CpuTimer* timer = active_timer) {
+    // Tasks on workers add their CPU time; the caller's own is in its thread clock.
+    pool_for_this_thread(threads)->run(tasks, [&](int t) {
+      if (!pool_worker) return fn(t);
+      const int64_t t0 = thread_cpu_ns();
+      fn(t);
+      timer->task_ns_.fetch_add(thread_cpu_ns() - t0, std::memory_order_relaxed);
+    });
+    return;
+  }
   pool_for_this_thread(threads)->run(tasks, fn);
+}
+
+CpuTimer::CpuTimer() : start_ns_(thread_cpu_ns()), previous_(active_timer) { active_timer = this; }
+CpuTimer::~CpuTimer() { active_timer = previous_; }
+double CpuTimer::seconds() const {
+  return static_cast<double>(thread_cpu_ns() - start_ns_ + task_ns_.load(std::memory_order_relaxed)) * 1e-9;
 }
 
 int parallel_chunks(int64_t n, int64_t grain) {

@@ -16,6 +16,7 @@
 // every run with the same budget.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 
@@ -46,5 +47,24 @@ void parallel_chunks_for(int64_t n, int64_t grain,
 
 // fn(begin, end) on the same chunks, without the index.
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t begin, int64_t end)>& fn);
+
+// CPU seconds spent on a piece of work: the calling thread's own CPU time in scope
+// plus that of every pool task it starts meanwhile. Unlike wall time it does not
+// count the time other processes hold the cores, so comparisons made with it (the
+// GEMM engine choice) hold on a loaded machine.
+class CpuTimer {
+ public:
+  CpuTimer();
+  ~CpuTimer();
+  CpuTimer(const CpuTimer&) = delete;
+  CpuTimer& operator=(const CpuTimer&) = delete;
+  double seconds() const;
+
+ private:
+  friend void parallel_run(int, const std::function<void(int)>&);
+  int64_t start_ns_;
+  std::atomic<int64_t> task_ns_{0};
+  CpuTimer* previous_;
+};
 
 }  // namespace dtensor::backend::cpu
