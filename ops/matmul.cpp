@@ -57,7 +57,15 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
       // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
       // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
       const int64_t k = sa.size(-1), n = g[0].size(-1);
-      grad_b = matmul(transpose(reshape(sa, {-1, k}), 0, 1), reshape(g[0], {-1, n}));
+      const DistTensor a_rows = reshape(sa, {-1, k}), g_rows = reshape(g[0], {-1, n});
+      const Tensor& b_local = sb.to_local();
+      if (b_local.stride(0) == 1 && b_local.size(0) > 1 && b_local.size(1) > 1) {
+        // b is a transposed view (W^T of a Linear): compute g^T a as [n, k], contiguous,
+        // and return its transpose, so W's gradient comes out contiguous like W.
+        grad_b = transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1);
+      } else {
+        grad_b = matmul(transpose(a_rows, 0, 1), g_rows);
+      }
     } else {
       grad_b = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
     }
