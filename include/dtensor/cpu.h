@@ -24,7 +24,8 @@ std::string summary();
 std::vector<std::string> warnings();
 
 // One line per GEMM shape seen so far: the route chosen and each candidate's measured
-// GFLOP/s, e.g. "f32 NT 1024x256x256: onednn (openblas 61 GFLOP/s, onednn 88 GFLOP/s)".
+// rate per core (FLOPs over the CPU seconds of all threads that ran it), e.g.
+// "f32 NT 1024x1024x256 on 2 threads: openblas (openblas 141 GFLOP/s per core, onednn 111 ...)".
 std::vector<std::string> gemm_choices();
 
 // Cores each rank's kernels use.

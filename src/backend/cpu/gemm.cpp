@@ -176,17 +176,24 @@ int default_route(const std::vector<Route>& routes) {
 }
 
 // Cost of each route: one warm-up run each (kernel generation, first touch), then
-// kTimedRounds rounds that run every route once in turn, keeping each route's
-// cheapest run. Interleaving spreads load changes over all routes alike; runs over
-// 20 ms get a single round.
+// kTimedRounds rounds that run every route still in the race once in turn, keeping
+// each route's cheapest run. Interleaving spreads load changes over all routes
+// alike; runs over 20 ms get a single round.
 std::vector<double> measure_routes(const std::vector<Route>& routes,
                                    const std::function<double(const Route&)>& run_once) {
   std::vector<double> best(routes.size(), 1e30);
   double longest = 0;
   for (const Route& r : routes) longest = std::max(longest, run_once(r));
   const int rounds = longest > 0.02 ? 1 : kTimedRounds;
+  // A route over 1.5x the cheapest after a round cannot come back: it drops out, so
+  // that a slow engine costs its warm-up and one round, not all of them.
+  std::vector<bool> racing(routes.size(), true);
   for (int round = 0; round < rounds; ++round) {
-    for (size_t i = 0; i < routes.size(); ++i) best[i] = std::min(best[i], run_once(routes[i]));
+    for (size_t i = 0; i < routes.size(); ++i) {
+      if (racing[i]) best[i] = std::min(best[i], run_once(routes[i]));
+    }
+    const double leader = *std::min_element(best.begin(), best.end());
+    for (size_t i = 0; i < routes.size(); ++i) racing[i] = racing[i] && best[i] <= 1.5 * leader;
   }
   return best;
 }
@@ -251,7 +258,7 @@ class Tuner {
         os << " (";
         for (size_t i = 0; i < t.routes.size(); ++i) {
           os << (i ? ", " : "") << route_name(t.routes[i]);
-          if (t.best[i] > 0) os << ' ' << static_cast<int>(flops / t.best[i] / 1e9 + 0.5) << " GFLOP/s";
+          if (t.best[i] > 0) os << ' ' << static_cast<int>(flops / t.best[i] / 1e9 + 0.5) << " GFLOP/s per core";
         }
         os << ')';
       }
