@@ -358,8 +358,8 @@ void run_native(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_
   });
 }
 
-// BF16 operands, BF16 output: the engine accumulates in F32 and each task rounds its
-// own tile (still in cache) to BF16.
+// BF16 operands, BF16 output: the engine accumulates in F32 and rounds in its own
+// epilogue (oneDNN), or each task rounds its F32 tile (still in cache) to BF16.
 void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n,
               int64_t k, bf16* c) {
   const std::vector<Tile> work = tiles(batch, m, n, k);
@@ -369,12 +369,19 @@ void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t 
     const Tile& w = work[static_cast<size_t>(task)];
     const int64_t rows = w.r1 - w.r0, cols = w.c1 - w.c0;
     if (rows == 0 || cols == 0) return;
-    std::vector<float> scratch(static_cast<size_t>(rows * cols));
-    GemmArgs g{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, cols, 0.0f};
     for (int64_t i = w.b0; i < w.b1; ++i) {
-      engine.bf16gemm(g, pa + i * a.t.stride(0) + at(a.op, w.r0, 0), pb + i * b.t.stride(0) + at(b.op, 0, w.c0),
-                      scratch.data());
+      const uint16_t* x = pa + i * a.t.stride(0) + at(a.op, w.r0, 0);
+      const uint16_t* y = pb + i * b.t.stride(0) + at(b.op, 0, w.c0);
       bf16* out = c + i * m * n + w.r0 * n + w.c0;
+      // Rounded by the engine straight into the output where it can.
+      if (engine.bf16gemm_rounded(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, n, 0.0f}, x, y,
+                                  reinterpret_cast<uint16_t*>(out))) {
+        continue;
+      }
+      thread_local std::vector<float> scratch;
+      scratch.resize(static_cast<size_t>(rows * cols));
+      engine.bf16gemm(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, cols, 0.0f}, x, y,
+                      scratch.data());
       for (int64_t r = 0; r < rows; ++r) f32_to_bf16(scratch.data() + r * cols, out + r * n, cols);
     }
   });

@@ -40,6 +40,11 @@ class GemmEngine {
   // BF16 inputs (raw bits), F32 output, F32 accumulation. Only called when
   // native_bf16() is true.
   virtual void bf16gemm(const GemmArgs& g, const uint16_t* a, const uint16_t* b, float* c) {}
+  // The same with a BF16 output rounded by the engine (beta 0 only); false when the
+  // engine cannot, and the caller rounds an F32 result itself.
+  virtual bool bf16gemm_rounded(const GemmArgs& g, const uint16_t* a, const uint16_t* b, uint16_t* c) {
+    return false;
+  }
   // True when the engine has a BF16 GEMM that runs on this CPU's BF16 instructions
   // (AVX512-BF16 or AMX), not an emulation slower than converting to F32.
   virtual bool native_bf16() const { return false; }

@@ -3,8 +3,8 @@
 // oneDNN chooses its kernels from the ISA features it finds (AVX2, AVX-512,
 // AVX512-BF16, AMX), not from a CPU model table, so a new CPU gets the kernels of
 // its instruction set. F32 goes through dnnl_sgemm. BF16 goes through a cached
-// matmul primitive per shape (bf16 x bf16 -> f32), which runs on AMX tiles or
-// AVX512-BF16 where the CPU has them.
+// matmul primitive per shape (bf16 x bf16 -> f32, or -> bf16 rounded in the
+// kernel's epilogue), which runs on AMX tiles or AVX512-BF16 where the CPU has them.
 //
 // Debian's oneDNN uses OpenMP; dtensor calls it from its own pool, one thread per
 // call, so every call sets the calling thread's OpenMP thread count to 1 and
@@ -66,14 +66,15 @@ void check(dnnl_status_t status, const char* what) {
 }
 
 struct Bf16Key {
-  bool trans_a, trans_b, accumulate;
+  bool trans_a, trans_b, accumulate, bf16_out;
   int64_t m, n, k, lda, ldb, ldc;
   bool operator==(const Bf16Key&) const = default;
 };
 
 struct Bf16KeyHash {
   size_t operator()(const Bf16Key& key) const {
-    size_t h = (key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u);
+    size_t h = (key.trans_a ? 1u : 0u) | (key.trans_b ? 2u : 0u) | (key.accumulate ? 4u : 0u) |
+               (key.bf16_out ? 8u : 0u);
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
       h ^= std::hash<int64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     }
@@ -102,8 +103,18 @@ class OneDnnEngine final : public GemmEngine {
   bool native_bf16() const override { return has_isa(isa_, dnnl_cpu_isa_avx512_core_bf16); }
 
   void bf16gemm(const GemmArgs& g, const uint16_t* a, const uint16_t* b, float* c) override {
+    run_bf16({g.trans_a, g.trans_b, g.beta != 0.0f, false, g.m, g.n, g.k, g.lda, g.ldb, g.ldc}, a, b, c);
+  }
+
+  bool bf16gemm_rounded(const GemmArgs& g, const uint16_t* a, const uint16_t* b, uint16_t* c) override {
+    if (g.beta != 0.0f) return false;
+    run_bf16({g.trans_a, g.trans_b, false, true, g.m, g.n, g.k, g.lda, g.ldb, g.ldc}, a, b, c);
+    return true;
+  }
+
+ private:
+  void run_bf16(const Bf16Key& key, const uint16_t* a, const uint16_t* b, void* c) {
     using dnnl::memory;
-    const Bf16Key key{g.trans_a, g.trans_b, g.beta != 0.0f, g.m, g.n, g.k, g.lda, g.ldb, g.ldc};
     const Bf16Primitive& p = bf16_primitive(key);
     SingleThreadedOmp one_thread;
     thread_local dnnl::stream stream(engine_);
@@ -120,7 +131,6 @@ class OneDnnEngine final : public GemmEngine {
     stream.wait();
   }
 
- private:
   struct Bf16Primitive {
     dnnl::memory::desc a, b, c, scratchpad;
     dnnl::matmul matmul;
@@ -138,7 +148,7 @@ class OneDnnEngine final : public GemmEngine {
                          key.trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
     const memory::desc b({key.k, key.n}, dt::bf16,
                          key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
-    const memory::desc c({key.m, key.n}, dt::f32, memory::dims{key.ldc, 1});
+    const memory::desc c({key.m, key.n}, key.bf16_out ? dt::bf16 : dt::f32, memory::dims{key.ldc, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (key.accumulate) {
