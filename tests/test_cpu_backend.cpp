@@ -86,6 +86,28 @@ TEST(GemmEngines, RepeatedMatmulGivesTheSameBitsAndReportsItsRoute) {
   EXPECT_NE(dtensor::cpu::summary().find("OpenBLAS"), std::string::npos);
 }
 
+// Sums over leading dims (bias gradients) take a column-parallel path; it must agree
+// with a double reference and, bit for bit, with the general path on a strided copy.
+TEST(Reductions, LeadingDimSumsMatchReferenceAndGeneralPath) {
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const Tensor x = Tensor::randn({37, 3, 70}, 4).to(dtype);
+    const std::vector<double> v = x.to(DType::F64).to_vector<double>();
+    std::vector<double> want(70, 0.0);
+    for (size_t i = 0; i < v.size(); ++i) want[i % 70] += v[i];
+    const Tensor s = sum(x, {0, 1});
+    const std::vector<double> got = s.to(DType::F64).to_vector<double>();
+    // BF16 rounds the sum once: half an ulp of 8 bits.
+    for (size_t j = 0; j < 70; ++j) {
+      EXPECT_NEAR(got[j], want[j], dtype == DType::BF16 ? std::abs(want[j]) / 256 + 1e-3 : 1e-4) << j;
+    }
+    // The same values through a layout that takes the general loop.
+    const Tensor strided = x.transpose(0, 2).contiguous().transpose(0, 2);
+    ASSERT_FALSE(strided.is_contiguous());
+    EXPECT_TRUE(allclose(sum(strided, {0, 1}), s, 0, 0));
+    EXPECT_TRUE(allclose(mean(strided, {0, 1}), mean(x, {0, 1}), 0, 0));
+  }
+}
+
 TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
   for (int64_t n : {0, 1, 7, 1000, 100000}) {
     std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
