@@ -22,23 +22,6 @@ using mesh_index::coordinate_of;
 
 using Block = std::vector<Range>;
 
-Block intersect(const Block& a, const Block& b) {
-  Block out(a.size());
-  for (size_t d = 0; d < a.size(); ++d) {
-    const int64_t lo = std::max(a[d].offset, b[d].offset);
-    const int64_t hi = std::min(a[d].end(), b[d].end());
-    out[d] = {lo, std::max<int64_t>(hi - lo, 0)};
-  }
-  return out;
-}
-
-// `t` holds `held`; the view of the sub-block `part` of it.
-Tensor view_of(const Tensor& t, const Block& held, const Block& part) {
-  Tensor v = t;
-  for (size_t d = 0; d < part.size(); ++d) v = v.narrow(static_cast<int64_t>(d), part[d].offset - held[d].offset, part[d].length);
-  return v;
-}
-
 // Does the holder at `sender` serve receiver `receiver`? Only when they agree on
 // every mesh dim that does not shard the source layout.
 bool serves(const std::vector<int64_t>& sender, const std::vector<int64_t>& receiver,
@@ -161,11 +144,11 @@ class BlockTransferTransform final : public Transform {
       const std::vector<int64_t> other = coordinate_of(q, mesh_shape);
       // What I send to `other` (or copy to myself).
       if (serves(me, other, ctx.from, mesh_shape)) {
-        const Block part = intersect(mine_before, local_block(ctx.global_shape, mesh_shape, ctx.to, other));
+        const Block part = intersect_blocks(mine_before, local_block(ctx.global_shape, mesh_shape, ctx.to, other));
         if (ranges_numel(part) > 0) {
-          const Tensor piece = view_of(local, mine_before, part);
+          const Tensor piece = block_view(local, mine_before, part);
           if (other == me) {
-            if (!keeps_block) view_of(out, mine_after, part).copy_(piece);
+            if (!keeps_block) block_view(out, mine_after, part).copy_(piece);
           } else {
             ops.push_back(P2POp::send(piece.contiguous(), static_cast<int>(q)));
           }
@@ -173,11 +156,11 @@ class BlockTransferTransform final : public Transform {
       }
       // What `other` sends me.
       if (other != me && serves(other, me, ctx.from, mesh_shape)) {
-        const Block part = intersect(local_block(ctx.global_shape, mesh_shape, ctx.from, other), mine_after);
+        const Block part = intersect_blocks(local_block(ctx.global_shape, mesh_shape, ctx.from, other), mine_after);
         if (ranges_numel(part) > 0) {
           // Straight into the output when the part is one contiguous run of it (a
           // whole block moving between owners), else through a buffer.
-          Tensor target = view_of(out, mine_after, part);
+          Tensor target = block_view(out, mine_after, part);
           if (target.is_contiguous()) {
             ops.push_back(P2POp::recv(target, static_cast<int>(q)));
           } else {
@@ -189,7 +172,7 @@ class BlockTransferTransform final : public Transform {
       }
     }
     if (!ops.empty()) batch_send_recv(ctx.mesh.group(), ops);
-    for (const auto& [buffer, part] : received) view_of(out, mine_after, part).copy_(buffer);
+    for (const auto& [buffer, part] : received) block_view(out, mine_after, part).copy_(buffer);
     return out;
   }
 };

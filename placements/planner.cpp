@@ -31,7 +31,7 @@ std::string cache_key(const Placements& from, const Placements& to, const Shape&
   std::ostringstream key;
   key << placements_to_string(from) << '>' << placements_to_string(to) << '|'
       << shape_to_string(shape) << '|' << shape_to_string(mesh.shape()) << '|'
-      << dtype_size(dtype) << '|' << mesh.group().backend();
+      << dtype_size(dtype) << '|' << mesh.world().backend();
   return key.str();
 }
 
@@ -40,7 +40,7 @@ std::shared_ptr<const Plan> search(const Placements& from, const Placements& to,
   const int64_t ndim = static_cast<int64_t>(shape.size());
   const Shape& mesh_shape = mesh.shape();
   // Threads ranks all share this host; MPI ranks are assumed one per core.
-  const std::string backend = mesh.group().backend();
+  const std::string backend = mesh.world().backend();
   const CostModel model = CostModel::for_backend(backend, backend == "threads" ? mesh.size() : 1);
   const Placements target = canonicalize(to, ndim);
   const std::string goal = layout_key(target, mesh_shape, ndim);

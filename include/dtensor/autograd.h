@@ -98,5 +98,15 @@ void record(const std::string& name, const std::vector<DistTensor>& inputs,
 // True when recording is on and some input requires a gradient.
 bool needs_grad(const std::vector<DistTensor>& inputs);
 
+// True while this rank runs a backward (including one nested in a backward function,
+// as activation checkpointing's recomputation runs).
+bool in_backward();
+
+// Runs `fn` when the outermost backward running on this rank has applied every node
+// (FSDP finishes its asynchronous gradient reductions there, so gradients are in
+// place when backward() returns). Only valid inside a backward; callbacks run in the
+// order queued and may queue more. A backward that throws drops its callbacks.
+void queue_callback(std::function<void()> fn);
+
 }  // namespace autograd
 }  // namespace dtensor

@@ -22,6 +22,8 @@
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
+#include "dtensor/parallel/fsdp.h"
+#include "dtensor/parallel/trainer.h"
 #include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/placement.h"
 #include "dtensor/random.h"

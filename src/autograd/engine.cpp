@@ -10,6 +10,30 @@ namespace {
 
 thread_local bool grad_mode = true;           // per rank
 thread_local uint64_t next_sequence_nr = 0;   // per rank: same program, same numbers
+thread_local int backward_depth = 0;          // backwards running on this rank (nested > 1)
+thread_local std::vector<std::function<void()>> end_of_backward;  // queue_callback
+
+// Counts a running backward; the outermost one runs the queued callbacks when it
+// completes and drops them when it unwinds with an exception.
+class BackwardScope {
+ public:
+  BackwardScope() { ++backward_depth; }
+  ~BackwardScope() {
+    if (--backward_depth == 0) end_of_backward.clear();
+  }
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+
+  void run_callbacks() {
+    if (backward_depth != 1) return;
+    // Index loop: a callback may queue another.
+    for (size_t i = 0; i < end_of_backward.size(); ++i) {
+      std::function<void()> fn = std::move(end_of_backward[i]);
+      fn();
+    }
+    end_of_backward.clear();
+  }
+};
 
 std::shared_ptr<DistTensor::AutogradMeta> meta_of(const DistTensor& t) { return t.impl()->autograd; }
 
@@ -23,6 +47,7 @@ std::shared_ptr<DistTensor::AutogradMeta>& ensure_meta(const DistTensor& t) {
 DistTensor accumulate(const DistTensor& a, const DistTensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
+  if (!a.mesh().is_member()) return a;  // a gradient that lives on other ranks holds nothing here
   const DistTensor moved = b.placements() == a.placements() ? b : b.redistribute(a.placements());
   const Tensor sum = add(a.to_local(), moved.to_local());
   return DistTensor::from_local(sum, a.mesh(), a.placements(), a.shape());
@@ -89,6 +114,13 @@ void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook) {
 
 namespace autograd {
 
+bool in_backward() { return backward_depth > 0; }
+
+void queue_callback(std::function<void()> fn) {
+  DT_CHECK_ARG(backward_depth > 0, "queue_callback", "expected to be called during a backward");
+  end_of_backward.push_back(std::move(fn));
+}
+
 bool needs_grad(const std::vector<DistTensor>& inputs) {
   if (!grad_mode) return false;
   for (const DistTensor& t : inputs) {
@@ -118,7 +150,16 @@ void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph)
   DT_CHECK_ARG(root.defined() && root.requires_grad(), "backward",
                "expected a tensor that requires grad (did you detach it or run under NoGradGuard?)");
   DistTensor root_grad = grad;
-  if (!root_grad.defined()) {
+  if (!root_grad.defined() && !root.mesh().is_member()) {
+    // The root lives on other ranks (e.g. activations this rank sent to another
+    // mesh): its gradient arrives through the recorded moves, so this rank starts
+    // from a gradient that holds nothing here.
+    Placements whole = root.placements();
+    for (Placement& p : whole) {
+      if (p.is_partial()) p = Replicate();
+    }
+    root_grad = zeros(root.shape(), root.mesh(), whole, root.dtype());
+  } else if (!root_grad.defined()) {
     DT_CHECK_ARG(root.numel() == 1, "backward", "implicit gradient needs a tensor with one element, got shape ",
                  root.shape(), "; pass a gradient");
     // The gradient of a Partial(sum) value is the same on every coordinate.
@@ -158,6 +199,7 @@ void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph)
   inbox[start.node.get()][start.input_nr] = root_grad;
   ready.push(start.node.get());
 
+  BackwardScope scope;
   NoGradGuard no_grad;  // backward functions are not themselves recorded
   while (!ready.empty()) {
     autograd::Node* node = ready.top();
@@ -182,6 +224,7 @@ void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph)
       node->released = true;
     }
   }
+  scope.run_callbacks();
 }
 
 }  // namespace dtensor

@@ -356,6 +356,9 @@ DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& p
 const DeviceMesh& common_mesh(const std::vector<DistTensor>& inputs, const char* op) {
   DT_CHECK_ARG(!inputs.empty() && inputs[0].defined(), op, "expected defined DistTensors");
   const DeviceMesh& mesh = inputs[0].mesh();
+  DT_CHECK_ARG(mesh.is_member(), op, "this rank is not in mesh ", mesh.to_string(),
+               ", where the operands live: compute on their mesh's ranks, or move them here with "
+               "redistribute(mesh, placements)");
   for (size_t j = 1; j < inputs.size(); ++j) {
     DT_CHECK_ARG(inputs[j].defined(), op, "input ", j, " is an undefined DistTensor");
     DT_CHECK_ARG(inputs[j].mesh() == mesh, op, "operands live on different meshes: input 0 on ",

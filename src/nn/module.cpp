@@ -123,18 +123,29 @@ std::pair<Module*, std::string> Module::owner_of(const std::string& dotted_name)
   }
 }
 
-void Module::set_parameter(const std::string& dotted_name, const DistTensor& value) {
+DistTensor& Module::checked_slot(const std::string& dotted_name, const DistTensor& value, const char* op) {
   auto [owner, name] = owner_of(dotted_name);
   for (auto& [own, p] : owner->params_) {
     if (own != name) continue;
-    DT_CHECK_ARG(value.defined(), "set_parameter", "the new value of '", dotted_name, "' is undefined");
-    DT_CHECK_ARG(value.shape() == p.shape(), "set_parameter", "parameter '", dotted_name, "' has shape ",
-                 p.shape(), ", the new value ", value.shape());
-    p = value.detach();
-    p.set_requires_grad(true);
-    return;
+    DT_CHECK_ARG(value.defined(), op, "the new value of '", dotted_name, "' is undefined");
+    DT_CHECK_ARG(value.shape() == p.shape(), op, "parameter '", dotted_name, "' has shape ", p.shape(),
+                 ", the new value ", value.shape());
+    return p;
   }
-  throw std::invalid_argument("[set_parameter] no parameter named '" + dotted_name + "'");
+  throw std::invalid_argument(std::string("[") + op + "] no parameter named '" + dotted_name + "'");
+}
+
+void Module::set_parameter(const std::string& dotted_name, const DistTensor& value) {
+  DistTensor& p = checked_slot(dotted_name, value, "set_parameter");
+  p = value.detach();
+  p.set_requires_grad(true);
+}
+
+DistTensor Module::swap_parameter(const std::string& dotted_name, const DistTensor& value) {
+  DistTensor& p = checked_slot(dotted_name, value, "swap_parameter");
+  DistTensor previous = p;
+  p = value;
+  return previous;
 }
 
 Module& Module::submodule(const std::string& dotted_name) {

@@ -125,6 +125,66 @@ TEST(DistMpi, GptTensorParallelMatchesOneRank) {
   }
 }
 
+namespace {
+
+// `steps` SGD steps of a small GPT with an odd vocabulary (uneven shards) on `mesh`
+// (FSDP over its "dp" dim, HSDP with a "replicate" dim; none: one rank). Returns the
+// losses and the full parameters.
+std::pair<std::vector<double>, std::map<std::string, Tensor>> train_fsdp_gpt_steps(
+    const DeviceMesh& mesh, std::optional<parallel::FSDPOptions> fsdp, int steps) {
+  nn::GPTConfig c;
+  c.vocab = 17;
+  c.block_size = 6;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 10;
+  c.bias = false;
+  nn::GPT model(mesh, c, 3);
+  std::optional<parallel::FSDPModule> root;
+  if (fsdp) {
+    for (auto& [name, m] : model.named_modules()) {
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, *fsdp);
+    }
+    root = parallel::fully_shard(model, mesh, *fsdp);
+  }
+  SGD optimizer(model.parameters(), 0.5, 0.9);
+  parallel::Trainer trainer(optimizer, {.grad_accum = 2, .clip_grad_norm = 1.0, .sync = root ? &*root : nullptr});
+  SyntheticLanguage data(c.vocab, c.block_size, 64, 1);
+  DistributedSampler sampler(data.size(), 8, mesh.linear_index(), mesh.size(), 2, true, 2);
+  const Placements batch(mesh.ndim(), Shard(0));
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    losses.push_back(trainer.step(step, [&](int64_t micro) {
+      const TokenBatch b = data.get_batch(sampler.micro_batch_at(step, micro));
+      return model.loss(DistTensor::from_local(b.inputs, mesh, batch, Shape{4, c.block_size}),
+                        DistTensor::from_local(b.targets, mesh, batch, Shape{4, c.block_size}));
+    }).stats.loss);
+  }
+  return {losses, model.state_dict()};
+}
+
+}  // namespace
+
+TEST(DistMpi, FsdpStagesAndHsdpMatchOneRank) {
+  Group world = init("mpi");
+  std::pair<std::vector<double>, std::map<std::string, Tensor>> reference;
+  launch(1, [&](Group one) { reference = train_fsdp_gpt_steps(DeviceMesh(one, {1}, {"dp"}), std::nullopt, 4); });
+  std::vector<std::pair<std::string, DeviceMesh>> meshes{{"dp", DeviceMesh(world, {world.size()}, {"dp"})}};
+  if (world.size() == 4) meshes.emplace_back("hsdp", DeviceMesh(world, {2, 2}, {"replicate", "dp"}));
+  for (const auto& [what, mesh] : meshes) {
+    for (int stage : {1, 2, 3}) {
+      parallel::FSDPOptions options{.stage = stage, .replicate_dim = what == "hsdp" ? "replicate" : ""};
+      const auto [losses, params] = train_fsdp_gpt_steps(mesh, options, 4);
+      for (size_t i = 0; i < losses.size(); ++i) {
+        EXPECT_NEAR(losses[i], reference.first[i], 1e-5 * reference.first[i]) << what << " stage " << stage;
+      }
+      for (const auto& [name, t] : reference.second) {
+        EXPECT_TRUE(allclose(params.at(name), t, 1e-5, 1e-6)) << what << " stage " << stage << " " << name;
+      }
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   Group world = init("mpi");

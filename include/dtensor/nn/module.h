@@ -103,6 +103,12 @@ class Module {
   // layout). The new tensor becomes a leaf that requires grad. Names are the ones
   // named_parameters() gives ("blocks.0.attn.q.weight").
   void set_parameter(const std::string& dotted_name, const DistTensor& value);
+  // Stores `value` itself as the parameter (no detach, requires_grad untouched) and
+  // returns the handle it replaces: for wrappers that let forward compute with a
+  // stand-in (FSDP installs the gathered parameter, the output of its all-gather
+  // node, before a module's forward and puts the sharded leaf back after). Same
+  // name and shape checks as set_parameter.
+  DistTensor swap_parameter(const std::string& dotted_name, const DistTensor& value);
   // The sub-module at a name named_modules() gives ("" is this module).
   Module& submodule(const std::string& dotted_name);
 
@@ -121,6 +127,8 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   // The module that owns the last component of a dotted name, and that component.
   std::pair<Module*, std::string> owner_of(const std::string& dotted_name);
+  // The slot of parameter `dotted_name`, after checking that `value` may replace it.
+  DistTensor& checked_slot(const std::string& dotted_name, const DistTensor& value, const char* op);
   template <class Hook>
   using HookList = std::vector<std::pair<uint64_t, Hook>>;
   HookHandle add_pre_hook(PreHook hook);
