@@ -2,11 +2,12 @@
 // layer_norm / rms_norm (+ backward), gelu/silu backward, embedding lookup and its
 // scatter-add backward, cross-entropy (+ backward).
 //
-// Numerics: softmax subtracts the line maximum before exp; BF16/F16 compute in F32
-// and round once on store. F32 and BF16 data in the common layouts (softmax along a
-// contiguous last dim, norms, activations, cross-entropy rows) run the vectorised
-// row kernels of vec_kernels.h (F32 accumulation in vector lanes) split over the
-// rank's threads; everything else takes the scalar loops below (sums in double).
+// Numerics: softmax subtracts the line maximum before exp; sums accumulate in double;
+// BF16/F16 compute in F32 and round once on store. F32 and BF16 data in the common
+// layouts (softmax along a contiguous last dim, norms, activations, cross-entropy
+// rows) run the vectorised row kernels of vec_kernels.h (their row sums in double
+// lanes too) split over the rank's threads; everything else takes the scalar loops
+// below.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

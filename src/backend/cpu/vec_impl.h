@@ -42,19 +42,15 @@ DT_INLINE void map2(const T* x, const T* y, T* z, int64_t n, F f) {
   if (i < n) vstore_part(z + i, f(vload_part(x + i, n - i, 0.0f), vload_part(y + i, n - i, 1.0f)), n - i);
 }
 
-// Sum over a row of f(v) for loaded vectors v (pad 0 is passed through f too, so f
-// must map the padding to 0: callers pass `pad` with f(pad) == 0).
+// Sum over a row of f(v) for loaded vectors v, in double (pad is passed through f
+// too, so f must map the padding to 0: callers pass `pad` with f(pad) == 0).
 template <class T, class F>
-DT_INLINE float row_sum(const T* x, int64_t n, float pad, F f) {
-  vf s0 = splat(0.0f), s1 = splat(0.0f);
+DT_INLINE double row_sum(const T* x, int64_t n, float pad, F f) {
+  DSum s;
   int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    s0 += f(vload(x + i));
-    s1 += f(vload(x + i + W));
-  }
-  for (; i + W <= n; i += W) s0 += f(vload(x + i));
-  if (i < n) s0 += f(vload_part(x + i, n - i, pad));
-  return hsum(s0 + s1);
+  for (; i + W <= n; i += W) s.add(f(vload(x + i)));
+  if (i < n) s.add(f(vload_part(x + i, n - i, pad)));
+  return s.total();
 }
 
 template <class T>
@@ -150,26 +146,26 @@ void softmax_row(const T* x, T* y, float* e, int64_t n, bool log) {
   // An all -inf row has m = -inf; use 0 so that exp(-inf - 0) = 0 and the row
   // becomes NaN through 0/0, as exp(x - max) / sum does in the scalar kernel.
   const float shift = m == -kInf ? 0.0f : m;
-  vf s0 = splat(0.0f);
+  DSum s0;
   int64_t i = 0;
   for (; i + W <= n; i += W) {
     const vf v = vexp(vload(x + i) - shift);
     vstore(e + i, v);
-    s0 += v;
+    s0.add(v);
   }
   if (i < n) {
     const vf v = vexp(vload_part(x + i, n - i, -kInf) - shift);
     vstore_part(e + i, v, n - i);
-    s0 += v;
+    s0.add(v);
   }
-  const float total = hsum(s0);
+  const double total = s0.total();
   if (log) {
     // (x - shift) - log(total): two steps, as shift + log(total) would round at the
     // magnitude of shift.
-    const float log_total = __builtin_logf(total);
+    const float log_total = static_cast<float>(__builtin_log(total));
     map1(x, y, n, [shift, log_total](vf v) { return (v - shift) - log_total; });
   } else {
-    const float inv = 1.0f / total;
+    const float inv = static_cast<float>(1.0 / total);
     map1(e, y, n, [inv](vf v) { return v * inv; });
   }
 }
@@ -211,15 +207,15 @@ void softmax_backward_rows(const void* gv, const void* yv, void* outv, int64_t r
     T* o = out + r * n;
     if (log) {
       // y = log p: dx = g - p * sum(g).
-      const float total = row_sum(gr, n, 0.0f, [](vf v) { return v; });
+      const float total = static_cast<float>(row_sum(gr, n, 0.0f, [](vf v) { return v; }));
       map2(gr, yr, o, n, [total](vf a, vf b) { return a - vexp(b) * total; });
     } else {
       // y = p: dx = p * (g - <g, p>).
-      vf d0 = splat(0.0f);
+      DSum d0;
       int64_t i = 0;
-      for (; i + W <= n; i += W) d0 += vload(gr + i) * vload(yr + i);
-      if (i < n) d0 += vload_part(gr + i, n - i, 0.0f) * vload_part(yr + i, n - i, 0.0f);
-      const float dot = hsum(d0);
+      for (; i + W <= n; i += W) d0.add(vload(gr + i) * vload(yr + i));
+      if (i < n) d0.add(vload_part(gr + i, n - i, 0.0f) * vload_part(yr + i, n - i, 0.0f));
+      const float dot = static_cast<float>(d0.total());
       map2(gr, yr, o, n, [dot](vf a, vf b) { return b * (a - dot); });
     }
   }
@@ -239,20 +235,21 @@ void norm_rows(const NormRowsArgs& a, const void* xv, const void* wv, const void
     const T* xr = x + r * n;
     T* yr = y + r * n;
     // Two passes (mean, then squared deviations): no cancellation for large means.
-    const float mu = a.centered ? row_sum(xr, n, 0.0f, [](vf v) { return v; }) / static_cast<float>(n) : 0.0f;
-    vf s0 = splat(0.0f);
+    const float mu =
+        a.centered ? static_cast<float>(row_sum(xr, n, 0.0f, [](vf v) { return v; }) / static_cast<double>(n)) : 0.0f;
+    DSum s0;
     int64_t i = 0;
     for (; i + W <= n; i += W) {
       const vf d = vload(xr + i) - mu;
-      s0 += d * d;
+      s0.add(d * d);
     }
     if (i < n) {
       // The padding lanes are zeroed after the subtraction (a BF16 pad of mu would be
       // rounded and leave a residue).
       const vf d = vload_part(xr + i, n - i, 0.0f) - mu;
-      s0 += lanes_below(n - i) ? d * d : splat(0.0f);
+      s0.add(lanes_below(n - i) ? d * d : splat(0.0f));
     }
-    const float inv = static_cast<float>(1.0 / __builtin_sqrt(static_cast<double>(hsum(s0)) / static_cast<double>(n) + a.eps));
+    const float inv = static_cast<float>(1.0 / __builtin_sqrt(s0.total() / static_cast<double>(n) + a.eps));
     i = 0;
     auto one = [&](vf v, int64_t at, int64_t count) {
       vf out = (v - mu) * inv;
@@ -281,7 +278,7 @@ void norm_backward_rows(const NormRowsArgs& a, const void* gv, const void* xv, c
     const T* gr = g + r * n;
     const T* xr = x + r * n;
     const float m = a.centered ? mean[r] : 0.0f, inv = rstd[r];
-    vf sum_g = splat(0.0f), sum_gx = splat(0.0f);
+    DSum sum_g, sum_gx;
     // xhat = (x - m) inv, ghat = g w; dx = inv (ghat - mean(ghat) - xhat mean(ghat xhat))
     // (the mean(ghat) term comes from centring and is absent for rms_norm).
     auto pass = [&](int64_t at, int64_t count) {
@@ -291,8 +288,8 @@ void norm_backward_rows(const NormRowsArgs& a, const void* gv, const void* xv, c
       const vf xh = (xv_ - m) * inv;
       vf gh = gv_;
       if (w) gh *= full ? vload(w + at) : vload_part(w + at, count, 0.0f);
-      sum_g += gh;
-      sum_gx += gh * xh;
+      sum_g.add(gh);
+      sum_gx.add(gh * xh);
       if (full) {
         vstore(xhat + at, xh);
         vstore(ghat + at, gh);
@@ -312,8 +309,8 @@ void norm_backward_rows(const NormRowsArgs& a, const void* gv, const void* xv, c
     int64_t i = 0;
     for (; i + W <= n; i += W) pass(i, W);
     if (i < n) pass(i, n - i);
-    const float mean_g = a.centered ? hsum(sum_g) / static_cast<float>(n) : 0.0f;
-    const float mean_gx = hsum(sum_gx) / static_cast<float>(n);
+    const float mean_g = a.centered ? static_cast<float>(sum_g.total() / static_cast<double>(n)) : 0.0f;
+    const float mean_gx = static_cast<float>(sum_gx.total() / static_cast<double>(n));
     T* o = gi + r * n;
     auto dx = [&](vf gh, vf xh) { return inv * (gh - mean_g - xh * mean_gx); };
     if constexpr (sizeof(T) == 4) {
@@ -385,23 +382,23 @@ void softmax_tile_online(float* s, int64_t rows, int64_t n, int64_t ld, float sc
     const float tile_max = row_max(sr, keep) * scale;  // scale > 0
     const float old_max = row_max_io[r];
     const float new_max = fmax1(old_max, tile_max);
-    vf sum = splat(0.0f);
+    DSum sum;
     int64_t i = 0;
     for (; i + W <= keep; i += W) {
       const vf e = vexp(vload(sr + i) * scale - new_max);
       vstore(sr + i, e);
-      sum += e;
+      sum.add(e);
     }
     if (i < keep) {
       const vf e = vexp(vload_part(sr + i, keep - i, ninf) * scale - new_max);
       vstore_part(sr + i, e, keep - i);
-      sum += e;
+      sum.add(e);
     }
     fill(sr + keep, n - keep, 0.0f);
     const float c = old_max == ninf ? 0.0f : __builtin_expf(old_max - new_max);
     correction[r] = c;
     row_max_io[r] = new_max;
-    row_sum_io[r] = row_sum_io[r] * c + hsum(sum);
+    row_sum_io[r] = static_cast<float>(static_cast<double>(row_sum_io[r]) * c + sum.total());
   }
 }
 
@@ -428,11 +425,11 @@ void row_dots(const float* a, const float* b, float* out, int64_t rows, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     const float* ar = a + r * ld;
     const float* br = b + r * ld;
-    vf s = splat(0.0f);
+    DSum s;
     int64_t i = 0;
-    for (; i + W <= n; i += W) s += vload(ar + i) * vload(br + i);
-    if (i < n) s += vload_part(ar + i, n - i, 0.0f) * vload_part(br + i, n - i, 0.0f);
-    out[r] = hsum(s);
+    for (; i + W <= n; i += W) s.add(vload(ar + i) * vload(br + i));
+    if (i < n) s.add(vload_part(ar + i, n - i, 0.0f) * vload_part(br + i, n - i, 0.0f));
+    out[r] = static_cast<float>(s.total());
   }
 }
 

@@ -27,6 +27,8 @@ typedef float vf __attribute__((vector_size(DTENSOR_VEC_BYTES)));
 typedef int32_t vi __attribute__((vector_size(DTENSOR_VEC_BYTES)));
 typedef uint32_t vu __attribute__((vector_size(DTENSOR_VEC_BYTES)));
 typedef uint16_t vh __attribute__((vector_size(DTENSOR_VEC_BYTES / 2)));
+typedef float vfh __attribute__((vector_size(DTENSOR_VEC_BYTES / 2)));  // half a register
+typedef double vd __attribute__((vector_size(DTENSOR_VEC_BYTES)));      // W / 2 doubles
 
 #define DT_INLINE inline __attribute__((always_inline))
 
@@ -75,6 +77,26 @@ DT_INLINE float hmax(vf v) {
   for (int i = 1; i < W; ++i) m = (v[i] > m || v[i] != v[i]) ? v[i] : m;
   return m;
 }
+
+// A running sum of float vectors kept in double lanes: the row statistics (softmax
+// sums, norm moments, dot products) accumulate in double, as the scalar kernels do,
+// so a row's statistic does not depend on its length's rounding.
+struct DSum {
+  vd lo = vd{}, hi = vd{};
+  DT_INLINE void add(vf v) {
+    vfh a, b;
+    __builtin_memcpy(&a, &v, sizeof a);
+    __builtin_memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof a, sizeof b);
+    lo += __builtin_convertvector(a, vd);
+    hi += __builtin_convertvector(b, vd);
+  }
+  DT_INLINE double total() const {
+    const vd both = lo + hi;
+    double s = 0;
+    for (int i = 0; i < W / 2; ++i) s += both[i];
+    return s;
+  }
+};
 
 // ---- loads and stores of F32 and BF16 (raw uint16_t bits) ----------------------------
 
