@@ -32,7 +32,9 @@ ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--configs", default="single:fp32,ddp2:fp32,single:bf16",
-                help="comma-separated MODE:PRECISION, MODE in single, ddp2, fsdp2, tp2")
+                help="comma-separated MODE:PRECISION, MODE in single, ddp2, fsdp2, tp2, or single1 (one "
+                     "process and one thread, both programs pinned to CPU 0: kernel efficiency without "
+                     "threading, which holds up on a loaded machine)")
 ap.add_argument("--json", help="also write the raw runs here")
 A = ap.parse_args()
 
@@ -40,7 +42,9 @@ TMP = tempfile.mkdtemp(prefix="compare_train_")
 MODEL = dict(vocab=256, dim=256, layers=4, heads=4, seq=128, batch=8)
 
 
-def run(cmd, env=None):
+def run(cmd, env=None, one_core=False):
+    if one_core:
+        cmd = ["taskset", "-c", "0"] + cmd
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
@@ -48,14 +52,16 @@ def run(cmd, env=None):
 
 
 def dtensor_run(mode, precision):
-    dp = 1 if mode == "single" else int(mode[-1])
-    if mode not in ("single", "ddp2"):
+    one_core = mode == "single1"
+    dp = 1 if mode in ("single", "single1") else int(mode[-1])
+    if mode not in ("single", "single1", "ddp2"):
         return None  # dtensor's train_gpt has data parallelism only
     cmd = [A.train_gpt, "--vocab", str(MODEL["vocab"]), "--dim", str(MODEL["dim"]), "--layers", str(MODEL["layers"]),
            "--heads", str(MODEL["heads"]), "--seq-len", str(MODEL["seq"]), "--batch", str(MODEL["batch"]),
            "--precision", precision, "--clip", "0", "--log", "plain", "--warmup", "0",
            "--steps", str(A.warmup + A.steps), "--mesh", f"dp={dp}", "--out", os.path.join(TMP, "loss.csv")]
-    out = run(cmd)
+    env = dict(os.environ, DTENSOR_NUM_THREADS="1") if one_core else None
+    out = run(cmd, env, one_core)
     steps = [float(m.group(1)) for m in re.finditer(r"^step\s+\d+/\d+ .*?\|\s*([\d.]+) ms", out, re.M)]
     peaks = [float(m.group(1)) for m in re.finditer(r"peak mem r0 ([\d.]+) MiB", out)]
     measured = steps[A.warmup:]
@@ -64,11 +70,12 @@ def dtensor_run(mode, precision):
 
 
 def torch_run(mode, precision):
-    peer_mode, world = ("single", 1) if mode == "single" else (mode[:-1], int(mode[-1]))
+    one_core = mode == "single1"
+    peer_mode, world = ("single", 1) if mode in ("single", "single1") else (mode[:-1], int(mode[-1]))
     cmd = [A.python, os.path.join(HERE, "torch_train_peer.py"), peer_mode, str(world), "--steps", str(A.steps),
            "--warmup", str(A.warmup), "--precision", precision]
-    env = dict(os.environ, PEER_CORES=str(os.cpu_count()))
-    line = [l for l in run(cmd, env).splitlines() if l.startswith("{")][-1]
+    env = dict(os.environ, PEER_CORES="1" if one_core else str(os.cpu_count()))
+    line = [l for l in run(cmd, env, one_core).splitlines() if l.startswith("{")][-1]
     r = json.loads(line)
     mt = r["memtracker_peak_mib"][0]
     return dict(lib="torch", header=f"PyTorch {r['version']}, {r['threads']} threads per process",
