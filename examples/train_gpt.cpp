@@ -338,6 +338,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   std::unique_ptr<TrainLog> log;
   if (leader && s.log != "quiet") {
     log = std::make_unique<TrainLog>(s.steps, s.log == "plain" ? TrainLog::Mode::Plain : TrainLog::Mode::Auto);
+    std::printf("%s\n", cpu::summary().c_str());  // the CPU, its kernels and GEMM engines
+    for (const std::string& w : cpu::warnings()) std::printf("warning: %s\n", w.c_str());
     const std::string parallelism = fsdp ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
                                     : ddp ? "DDP" : "no data parallelism";
     std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "

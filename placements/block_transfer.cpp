@@ -70,7 +70,9 @@ Traffic sends_of(int64_t me, const StepContext& ctx, const std::vector<Block>& b
     if (!serves(my_coordinate, coordinate_of(q, mesh_shape), ctx.from, mesh_shape)) continue;
     const int64_t n = intersection_numel(before[static_cast<size_t>(me)], after[static_cast<size_t>(q)]);
     if (q == me) {
-      traffic.local_bytes = n * static_cast<int64_t>(dtype_size(ctx.dtype));
+      // A block that stays whole is kept, not copied (apply).
+      const bool kept = before[static_cast<size_t>(me)] == after[static_cast<size_t>(me)];
+      traffic.local_bytes = kept ? 0 : n * static_cast<int64_t>(dtype_size(ctx.dtype));
     } else if (n > 0) {
       traffic.bytes += n * static_cast<int64_t>(dtype_size(ctx.dtype));
       ++traffic.peers;
@@ -130,7 +132,11 @@ class BlockTransferTransform final : public Transform {
     const Block mine_after = local_block(ctx.global_shape, mesh_shape, ctx.to, me);
     Shape out_shape;
     for (const Range& r : mine_after) out_shape.push_back(r.length);
-    Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
+    // A rank whose block does not change (the diagonal of a 2x2 swap) keeps its
+    // tensor: the result shares its storage, as a chunk view does (chunk.cpp), and
+    // nothing arrives for it (only its own block serves it).
+    const bool keeps_block = mine_before == mine_after && local.is_contiguous();
+    Tensor out = keeps_block ? local : Tensor::empty(out_shape, local.dtype(), local.device());
 
     std::vector<P2POp> ops;
     std::vector<std::pair<Tensor, Block>> received;
@@ -142,7 +148,7 @@ class BlockTransferTransform final : public Transform {
         if (ranges_numel(part) > 0) {
           const Tensor piece = block_view(local, mine_before, part);
           if (other == me) {
-            block_view(out, mine_after, part).copy_(piece);
+            if (!keeps_block) block_view(out, mine_after, part).copy_(piece);
           } else {
             ops.push_back(P2POp::send(piece.contiguous(), static_cast<int>(q)));
           }

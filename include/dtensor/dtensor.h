@@ -6,6 +6,7 @@
 #include "dtensor/autograd.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/config.h"
+#include "dtensor/cpu.h"
 #include "dtensor/cost_model.h"
 #include "dtensor/data.h"
 #include "dtensor/device.h"
