@@ -35,8 +35,12 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
   const DistTensor sa = a.detach(), sb = b.detach();
   return with_grad(out, "matmul", {a, b}, [sa, sb](const Grads& g) {
     dispatch::MoveMemo memo;  // both products move g[0] the same way: once
-    return Grads{ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape()),
-                 ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape())};
+    // Only what the engine wants now: an input that does not require grad, or the
+    // weight while a zero-bubble schedule computes input gradients first, costs nothing.
+    Grads out(2);
+    if (autograd::grad_wanted(0)) out[0] = ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape());
+    if (autograd::grad_wanted(1)) out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
+    return out;
   });
 }
 
