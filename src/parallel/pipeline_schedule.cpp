@@ -301,8 +301,11 @@ void check_static(const Schedule& s) {
         case ActionKind::SendGradient:
           require_before({backward, a.stage, a.micro}, at, a);
           break;
-        case ActionKind::RecvActivation:
         case ActionKind::RecvGradient:
+          // The buffer takes the shape of the forward's output.
+          require_before({ActionKind::Forward, a.stage, a.micro}, at, a);
+          break;
+        case ActionKind::RecvActivation:
           break;
       }
       if (a.is_send() || a.is_recv()) {
