@@ -75,6 +75,13 @@ class DeviceMesh {
   std::shared_ptr<const Impl> impl_;
 };
 
+// The calling rank alone, as a 1-rank mesh with one dim "local" (no communication;
+// the same mesh on every call from this rank). A DistTensor on it is one rank's
+// piece as a tensor of its own: ops on it never communicate. DistTensor::as_local
+// and the DistTensor form of from_local move between a mesh and it, with autograd
+// (PyTorch's to_local/from_local on plain tensors); local_map runs functions on it.
+const DeviceMesh& local_mesh();
+
 // A mesh's shape and dim names as DeviceMesh::to_string() prints them:
 // "dp=2,tp=4" -> shape {2, 4}, names {"dp", "tp"} (spaces allowed around the
 // separators). Throws std::invalid_argument naming the position for a missing

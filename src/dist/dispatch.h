@@ -28,41 +28,23 @@
 #include <vector>
 
 #include "dtensor/dist_tensor.h"
+#include "dtensor/sharding_rule.h"
 
 namespace dtensor::dispatch {
 
 struct Strategy {
   std::vector<Placements> inputs;
   Placements output;
-  // What resolving the output's Partial mesh dims will cost later (the all-reduce
-  // that makes them Replicate), charged when strategies are compared: a strategy
-  // that keeps inputs in place by leaving a large output Partial must not beat one
-  // that moves a small operand now (see choose_strategy). 0 without Partials.
+  // The bandwidth part of the all-reduce that will resolve the Partials this
+  // strategy creates (not those it passes through), charged when strategies are
+  // compared: keeping operands in place by leaving a large output Partial must not
+  // beat moving a small operand now (dispatch.cpp). 0 without created Partials.
   double deferred_seconds = 0;
 };
 
-// How an op passes Partial inputs through.
-enum class PartialRule : uint8_t {
-  None,     // every Partial input is reduced first (relu, exp, ...)
-  AllSame,  // all inputs Partial with the same linear op -> that op (add, sub)
-  OneOf,    // exactly one input Partial(sum/avg), the others replicated -> that op (mul, matmul)
-};
-
-// One letter per tensor dim of each input and of the output; '_' marks a dim that
-// is never sharded (a broadcast dim of size 1).
-struct EinsumSpec {
-  std::vector<std::string> inputs;
-  std::string output;
-  PartialRule partial = PartialRule::None;
-  // Which inputs may carry a Partial through (empty: all); div is linear in its
-  // numerator only.
-  std::vector<bool> partial_inputs;
-  // Letters that must not be sharded (e.g. the softmax dim).
-  std::string unshardable;
-  // How a sharded letter that the output drops combines: sum for contractions and
-  // sums, max/min for amax/amin.
-  ReduceOp contraction = ReduceOp::Sum;
-};
+// The rule type is public (sharding_rule.h): user ops use the same routine.
+using PartialRule = dtensor::PartialRule;
+using EinsumSpec = ShardingRule;
 
 // The output's global shape, when the caller knows it, sizes the Partial rules
 // (letters only the output has, as expand's stretched dims, cannot be derived

@@ -374,6 +374,12 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
          impl_->world == other.impl_->world;
 }
 
+const DeviceMesh& local_mesh() {
+  // Per rank: ranks of the threads backend are threads of one process.
+  thread_local const DeviceMesh mesh(self_group(), {1}, {"local"});
+  return mesh;
+}
+
 int64_t MeshShape::size(std::string_view name) const {
   for (size_t d = 0; d < names.size(); ++d) {
     if (names[d] == name) return shape[d];

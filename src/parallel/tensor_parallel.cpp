@@ -49,13 +49,6 @@ DistTensor to_layout(const DistTensor& t, int dim, const Placement& p, const std
   return t.redistribute(want);
 }
 
-void reject_local_output(bool use_local_output, const std::string& style, const std::string& name) {
-  DT_CHECK_ARG(!use_local_output, style, " on '", name,
-               "': use_local_output hands PyTorch model code plain local tensors; dtensor modules exchange "
-               "DistTensors with global shapes, so the output stays a DistTensor (take to_local() of it "
-               "where a kernel needs the local piece)");
-}
-
 // Sets parameter `local_name` of `module` to its current placements with `dim`
 // replaced by `p`.
 void place_parameter(nn::Module& module, const std::string& local_name, int dim, const Placement& p) {
@@ -78,18 +71,45 @@ std::string kind_of(nn::Module& module) {
   return "a module of another kind";
 }
 
-void move_input(nn::Module& module, int dim, Placement desired, std::optional<Placement> expected, std::string where) {
-  module.register_forward_pre_hook(
-      [dim, desired, expected, where](nn::Module&, const DistTensor& x) -> std::optional<DistTensor> {
-        return to_layout(x, dim, desired, expected, where + ": the input");
-      });
+// One side (input or output) of a module under a style.
+struct Side {
+  DeviceMesh mesh;  // the module's mesh
+  int dim = 0;      // its tensor-parallel dim
+  Placement desired = Replicate();
+  std::optional<Placement> expected;      // what must arrive (input_layouts / output_layouts)
+  std::optional<Placement> local_layout;  // what a local piece stands for (use_local_output upstream)
+  bool local_output = false;              // hand the output on as this rank's piece
+  std::string where;
+};
+
+// A local piece (a DistTensor on a 1-rank mesh, what use_local_output hands on)
+// lifted onto the module's mesh; anything else as it is.
+DistTensor lift(const DistTensor& x, const Side& side) {
+  DT_CHECK_ARG(x.defined(), kOp, side.where, ": expected a defined DistTensor");
+  if (x.mesh() == side.mesh || x.mesh().size() != 1) return x;
+  DT_CHECK_ARG(side.mesh.ndim() == 1, kOp, side.where, ": a local piece can be lifted onto a 1-D tensor-parallel ",
+               "mesh only; the module's mesh is ", side.mesh.to_string(), " (keep DistTensors there)");
+  const std::optional<Placement> layout = side.expected ? side.expected : side.local_layout;
+  DT_CHECK_ARG(layout.has_value(), kOp, side.where, ": a local piece arrived; say what it is with input_layouts");
+  // The global shape from the pieces' sizes (one small all-gather), never by
+  // assuming even shards.
+  return DistTensor::from_local(x, side.mesh, {*layout});
 }
 
-void move_output(nn::Module& module, int dim, Placement desired, std::optional<Placement> expected,
-                 std::string where) {
+void move_input(nn::Module& module, Side side) {
+  side.where += ": the input";
+  module.register_forward_pre_hook([side](nn::Module&, const DistTensor& x) -> std::optional<DistTensor> {
+    const bool local = x.defined() && !(x.mesh() == side.mesh) && x.mesh().size() == 1;
+    return to_layout(lift(x, side), side.dim, side.desired, local ? std::nullopt : side.expected, side.where);
+  });
+}
+
+void move_output(nn::Module& module, Side side) {
+  side.where += ": the output";
   module.register_forward_post_hook(
-      [dim, desired, expected, where](nn::Module&, const DistTensor&, const DistTensor& y) -> std::optional<DistTensor> {
-        return to_layout(y, dim, desired, expected, where + ": the output");
+      [side](nn::Module&, const DistTensor&, const DistTensor& y) -> std::optional<DistTensor> {
+        const DistTensor placed = to_layout(y, side.dim, side.desired, side.expected, side.where);
+        return side.local_output ? placed.as_local() : placed;
       });
 }
 
@@ -98,11 +118,19 @@ void move_output(nn::Module& module, int dim, Placement desired, std::optional<P
 struct Applier {
   nn::Module& module;
   const std::string& name;
+  const DeviceMesh& mesh;
   int dim;
 
+  Side side(const std::string& style, Placement desired) const {
+    Side s;
+    s.mesh = mesh;
+    s.dim = dim;
+    s.desired = desired;
+    s.where = style + " on '" + name + "'";
+    return s;
+  }
+
   void operator()(const ColwiseParallel& s) const {
-    reject_local_output(s.use_local_output, "ColwiseParallel", name);
-    const std::string where = "ColwiseParallel on '" + name + "'";
     if (dynamic_cast<nn::Linear*>(&module)) {
       place_parameter(module, "weight", dim, Shard(0));
       place_parameter(module, "bias", dim, Shard(0));
@@ -112,45 +140,63 @@ struct Applier {
       throw std::invalid_argument("[ColwiseParallel] '" + name + "' is " + kind_of(module) +
                                   "; the style fits Linear and Embedding");
     }
-    move_input(module, dim, Replicate(), s.input_layouts, where);
-    move_output(module, dim, s.output_layouts.value_or(Shard(-1)), std::nullopt, where);
+    Side in = side("ColwiseParallel", Replicate());
+    in.expected = s.input_layouts;
+    in.local_layout = Replicate();
+    move_input(module, in);
+    Side out = side("ColwiseParallel", s.output_layouts.value_or(Shard(-1)));
+    out.local_output = s.use_local_output;
+    move_output(module, out);
   }
 
   void operator()(const RowwiseParallel& s) const {
-    reject_local_output(s.use_local_output, "RowwiseParallel", name);
-    const std::string where = "RowwiseParallel on '" + name + "'";
+    Side in = side("RowwiseParallel", Shard(-1));
     if (dynamic_cast<nn::Linear*>(&module)) {
       place_parameter(module, "weight", dim, Shard(1));
-      move_input(module, dim, Shard(-1), s.input_layouts, where);
     } else if (dynamic_cast<nn::Embedding*>(&module)) {
       place_parameter(module, "weight", dim, Shard(0));
-      move_input(module, dim, Replicate(), s.input_layouts, where);
+      in.desired = Replicate();
     } else {
       throw std::invalid_argument("[RowwiseParallel] '" + name + "' is " + kind_of(module) +
                                   "; the style fits Linear and Embedding");
     }
-    move_output(module, dim, s.output_layouts.value_or(Replicate()), std::nullopt, where);
+    in.expected = s.input_layouts;
+    in.local_layout = in.desired;
+    move_input(module, in);
+    Side out = side("RowwiseParallel", s.output_layouts.value_or(Replicate()));
+    out.local_output = s.use_local_output;
+    move_output(module, out);
   }
 
   void operator()(const SequenceParallel& s) const {
-    reject_local_output(s.use_local_output, "SequenceParallel", name);
     const bool fits = dynamic_cast<nn::LayerNorm*>(&module) || dynamic_cast<nn::RMSNorm*>(&module) ||
                       dynamic_cast<nn::Dropout*>(&module);
     DT_CHECK_ARG(fits, "SequenceParallel", "'", name, "' is ", kind_of(module),
                  "; the style fits LayerNorm, RMSNorm and Dropout (modules whose parameters stay replicated)");
-    const std::string where = "SequenceParallel on '" + name + "'";
-    move_input(module, dim, Shard(s.sequence_dim), std::nullopt, where);
-    move_output(module, dim, Shard(s.sequence_dim), std::nullopt, where);
+    Side in = side("SequenceParallel", Shard(s.sequence_dim));
+    in.local_layout = Shard(s.sequence_dim);
+    move_input(module, in);
+    Side out = side("SequenceParallel", Shard(s.sequence_dim));
+    out.local_output = s.use_local_output;
+    move_output(module, out);
   }
 
   void operator()(const PrepareModuleInput& s) const {
-    reject_local_output(s.use_local_output, "PrepareModuleInput", name);
-    move_input(module, dim, s.desired_input_layouts, s.input_layouts, "PrepareModuleInput on '" + name + "'");
+    Side in = side("PrepareModuleInput", s.desired_input_layouts);
+    in.expected = s.input_layouts;
+    move_input(module, in);
+    if (s.use_local_output) {
+      // The module itself gets its input as this rank's piece.
+      module.register_forward_pre_hook(
+          [](nn::Module&, const DistTensor& x) -> std::optional<DistTensor> { return x.as_local(); });
+    }
   }
 
   void operator()(const PrepareModuleOutput& s) const {
-    reject_local_output(s.use_local_output, "PrepareModuleOutput", name);
-    move_output(module, dim, s.desired_output_layouts, s.output_layouts, "PrepareModuleOutput on '" + name + "'");
+    Side out = side("PrepareModuleOutput", s.desired_output_layouts);
+    out.expected = s.output_layouts;
+    out.local_output = s.use_local_output;
+    move_output(module, out);
   }
 };
 
@@ -225,7 +271,7 @@ void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const Par
                      "' gets two styles that place its parameters (pattern '", pattern, "' is the second)");
         placed.push_back(name);
       }
-      std::visit(Applier{*m, name, dim}, style);
+      std::visit(Applier{*m, name, mesh, dim}, style);
     }
     if (!matched) {
       std::ostringstream names;

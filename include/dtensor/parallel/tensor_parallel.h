@@ -88,7 +88,8 @@ using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 // matches nothing, a style on a module it does not fit, two parameter-placing
 // styles on one module, a tp mesh that is neither the module's mesh nor a 1-D
 // sub-mesh of it, and attention heads that the tensor-parallel degree does not
-// divide. Create the optimizer after this call (it holds the parameters).
+// divide, and (at run time) a local piece arriving at a module on a 2-D mesh.
+// Create the optimizer after this call (it holds the parameters).
 void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const ParallelizePlan& plan);
 
 // Megatron-LM's plan for nn::GPT: attention heads (q, k, v column parallel, output
