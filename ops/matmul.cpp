@@ -52,7 +52,13 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
   const DistTensor sa = a.detach(), sb = b.detach();
   return with_grad(out, "matmul", {a, b}, [sa, sb](const Grads& g) {
     dispatch::MoveMemo memo;  // both products move g[0] the same way: once
-    DistTensor grad_a = ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape()), grad_b;
+    // Only what the engine wants now: an input that does not require grad, or the
+    // weight while a zero-bubble schedule computes input gradients first, costs nothing.
+    Grads out(2);
+    if (autograd::grad_wanted(0)) {
+      out[0] = ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape());
+    }
+    if (!autograd::grad_wanted(1)) return out;
     if (sb.dim() == 2 && sa.dim() > 2 && flattens_for_free(sa) && flattens_for_free(g[0])) {
       // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
       // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
@@ -62,14 +68,14 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
       if (b_local.stride(0) == 1 && b_local.size(0) > 1 && b_local.size(1) > 1) {
         // b is a transposed view (W^T of a Linear): compute g^T a as [n, k], contiguous,
         // and return its transpose, so W's gradient comes out contiguous like W.
-        grad_b = transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1);
+        out[1] = transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1);
       } else {
-        grad_b = matmul(transpose(a_rows, 0, 1), g_rows);
+        out[1] = matmul(transpose(a_rows, 0, 1), g_rows);
       }
     } else {
-      grad_b = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
+      out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
     }
-    return Grads{grad_a, grad_b};
+    return out;
   });
 }
 

@@ -21,7 +21,8 @@
 // checks for overflow (a step with a non-finite gradient is skipped on every rank),
 // clips by the global norm, steps the optimizer, updates the loss scale and drops the
 // gradients. The loss of the step (the sum of the divided micro-batch losses) is
-// reduced once, after the optimizer step.
+// reduced once, after the optimizer step. With a MicroBatchRunner (pipeline
+// parallelism) the runner runs the micro-batches and the rest is the same.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +47,29 @@ class GradientSync {
   // Waits until every gradient of the last synchronised backward is reduced and in
   // place on its parameter.
   virtual void finish_gradient_sync() = 0;
+};
+
+// What runs the forwards and backwards of a step when they are spread over several
+// meshes of one job: a pipeline schedule (parallel::Pipeline, pipeline.h). The
+// trainer hands it the loss transform and the compute dtype, and asks it for what
+// crosses the meshes: the loss, the gradient norm, and the group over which found-inf
+// and the peak memory are agreed.
+class MicroBatchRunner {
+ public:
+  virtual ~MicroBatchRunner() = default;
+  // Runs every micro-batch's forward (under compute_dtype) and backward of `step`; each
+  // micro-batch loss is weighted by its share of the step and passed through
+  // `to_backward` (loss scaling) before its backward. Gradients accumulate over the
+  // micro-batches. Returns the step's loss (the weighted sum, unscaled) on every rank.
+  virtual double run(int64_t step, const std::function<DistTensor(const DistTensor&)>& to_backward,
+                     std::optional<DType> compute_dtype) = 0;
+  // Finishes the gradient synchronisation of every local stage (DDP, FSDP) and of
+  // parameters that several stages share.
+  virtual void finish_gradient_sync() = 0;
+  // The global gradient norm of the whole model, each parameter counted once.
+  virtual double grad_norm(const std::vector<DistTensor>& params) = 0;
+  // Every rank of the job.
+  virtual const Group& group() const = 0;
 };
 
 struct TrainerOptions {
@@ -75,12 +99,21 @@ class Trainer {
 
   // One optimizer step (collective over the parameters' meshes).
   StepReport step(int64_t step, const MicroBatchLoss& loss_of);
+  // One optimizer step whose micro-batches `runner` runs (a pipeline schedule: the
+  // runner's micro-batches replace grad_accum, which must be 1, and it synchronises
+  // the gradients of its stages itself, so sync must be null). Collective over
+  // runner.group().
+  StepReport step(int64_t step, MicroBatchRunner& runner);
 
   const TrainerOptions& options() const { return options_; }
   // The loss scaler when loss scaling is on.
   const LossScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
 
  private:
+  // The step after its micro-batches: synchronisation, overflow check, clipping,
+  // the optimizer and the report. `runner` is null for the plain loop.
+  void finish_step(StepReport& report, MicroBatchRunner* runner);
+
   Optimizer& optimizer_;
   TrainerOptions options_;
   std::optional<LossScaler> scaler_;
