@@ -38,7 +38,11 @@ class AllToAllTransform final : public Transform {
     // are local copies on top of the exchange, unless the backend moves strided
     // blocks in place.
     const int copies = model.strided_all_to_all ? 0 : (ctx.to[m].dim() != 0) + (ctx.from[m].dim() != 0);
-    return model.all_to_all(bytes, ctx.mesh.size(m)) + copies * model.local_copy(bytes);
+    // Every backend also copies the piece a rank keeps (1/n of its tensor) into the
+    // output; without it a chunk to the outermost dim plus an all-to-all priced
+    // below a local strided chunk, and R -> S(1) exchanged data it already had.
+    const int64_t n = ctx.mesh.size(m);
+    return model.all_to_all(bytes, n) + model.local_copy(bytes / n) + copies * model.local_copy(bytes);
   }
 
   Footprint footprint(const StepContext& ctx) const override { return collective_footprint(ctx, "all_to_all"); }

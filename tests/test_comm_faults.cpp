@@ -396,8 +396,11 @@ TEST(CommFaults, InjectedFaultsEndEveryRankWithAnErrorNamingTheFailedOne) {
       finished[world.rank()] = 1;
     });
     EXPECT_EQ(wrong.load(), 0);  // a call that returned has the right result
-    // A throw or an exit releases the others at once; a stall at the timeout.
-    EXPECT_LT(out.seconds, kind == "stall" ? 3.0 : 1.0);
+    // A throw or an exit releases the others at once, a stall at its 300 ms timeout:
+    // either way long before the 20 s timeout of the throw and exit cases. The bound
+    // only tells those apart, so that a loaded machine (8 rank threads on 2 shared
+    // cores took 3.7 s) does not fail it; bench_faults measures the release times.
+    EXPECT_LT(out.seconds, 10.0);
     if (kind == "throw") EXPECT_TRUE(contains(out.launch_error, "[fault]")) << out.launch_error;
     if (kind == "exit") EXPECT_TRUE(out.rank_errors[c.rank].empty()) << out.rank_errors[c.rank];
     int released = 0;

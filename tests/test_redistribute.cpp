@@ -159,6 +159,23 @@ TEST(Redistribute, CanonicalCasesUseTheExpectedCollective) {
   });
 }
 
+// Replicate -> Shard(d) is a local chunk whatever d and the size: never a free chunk
+// of dim 0 and an all-to-all of data the rank already holds (the all-to-all also
+// copies the piece a rank keeps, so it cannot undercut the strided local copy).
+TEST(Redistribute, ReplicateToAnyShardIsLocal) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    for (const Shape& shape : {Shape{6, 4}, Shape{1024, 2048}, Shape{16, 64, 2048}}) {
+      for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+        const RedistributePlan plan = explain_redistribute({Replicate()}, {Shard(d)}, shape, mesh);
+        ASSERT_EQ(plan.steps.size(), 1u) << plan.to_string();
+        EXPECT_EQ(plan.steps[0].collective, "") << plan.to_string();
+        EXPECT_EQ(plan.bytes_sent(), 0) << plan.to_string();
+      }
+    }
+  });
+}
+
 TEST(Redistribute, FsdpOverTensorParallelOrderRoundTrips) {
   launch(4, [](Group g) {
     DeviceMesh mesh(g, {2, 2}, {"dp", "tp"});

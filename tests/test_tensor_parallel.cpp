@@ -1,6 +1,8 @@
 // Tensor parallelism: parallel equivalence of GPT training under Megatron's plan
 // (TP = 2, 3, 4, sequence parallel, loss parallel, DP x TP) with one rank, exact
 // communication per step, the styles on their own, and bad plans.
+#include <numeric>
+
 #include "dtensor/data.h"
 #include "dtensor/nn/gpt.h"
 #include "dtensor/optim.h"
@@ -139,18 +141,25 @@ TEST(TensorParallel, UnevenHiddenAndVocabularyOverThreeRanks) {
 // vocab-parallel embedding (forward) and one for the head's input gradient
 // (backward); the loss reduces three [N] statistics (max, sum of exponentials, the
 // target logit) and never the logits.
-TEST(TensorParallel, CommunicationPerStepIsMegatrons) {
-  const nn::GPTConfig config = tiny();
-  const int64_t activation_bytes = 8 * config.block_size * config.dim * 4, rows = 8 * config.block_size;
+namespace {
+
+// Counts one training step's collectives (forward and backward separately) under
+// gpt_tp_plan on 2 ranks and checks them against Megatron's: per block one
+// all-reduce each way (with sequence parallel, a reduce-scatter and an all-gather).
+void expect_megatron_communication(const nn::GPTConfig& config, int64_t batch) {
+  const int64_t activation_bytes = batch * config.block_size * config.dim * 4, rows = batch * config.block_size;
   for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     launch(2, [&](Group g) {
       DeviceMesh mesh(g, {2}, {"tp"});
       nn::GPT model(mesh, config, 1);
       parallelize_module(model, mesh, gpt_tp_plan(config, {.sequence_parallel = sp}));
-      SyntheticLanguage data(config.vocab, config.block_size, 16, 3);
-      const TokenBatch batch = data.get_batch({0, 1, 2, 3, 4, 5, 6, 7});
-      const DistTensor ids = distribute(batch.inputs, mesh, {Replicate()});
-      const DistTensor targets = distribute(batch.targets, mesh, {Replicate()});
+      SyntheticLanguage data(config.vocab, config.block_size, batch, 3);
+      std::vector<int64_t> indices(static_cast<size_t>(batch));
+      std::iota(indices.begin(), indices.end(), 0);
+      const TokenBatch tokens = data.get_batch(indices);
+      const DistTensor ids = distribute(tokens.inputs, mesh, {Replicate()});
+      const DistTensor targets = distribute(tokens.targets, mesh, {Replicate()});
       for (int step = 0; step < 2; ++step) {  // the second step runs on cached decisions
         DistTensor loss;
         Snapshot forward;
@@ -185,6 +194,24 @@ TEST(TensorParallel, CommunicationPerStepIsMegatrons) {
       }
     });
   }
+}
+
+}  // namespace
+
+TEST(TensorParallel, CommunicationPerStepIsMegatrons) { expect_megatron_communication(tiny(), 8); }
+
+// Larger activations, with biases: the row-parallel Linears keep their input in place
+// and leave the output Partial for the style to all-reduce, rather than move the
+// activation and gather the weight (cheaper in forward bytes, paid back twice in
+// backward), and backward resolves its Partials where Megatron does.
+TEST(TensorParallel, CommunicationPerStepIsMegatronsAtTrainingSizes) {
+  nn::GPTConfig config;
+  config.vocab = 2048;  // a table larger than the activations, as in real models
+  config.block_size = 64;
+  config.layers = 2;
+  config.heads = 8;
+  config.dim = 128;
+  expect_megatron_communication(config, 16);
 }
 
 TEST(TensorParallel, StylesPlaceParametersAndMoveInputsAndOutputs) {

@@ -32,7 +32,7 @@ ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--configs", default="single:fp32,ddp2:fp32,single:bf16",
-                help="comma-separated MODE:PRECISION, MODE in single, ddp2, fsdp2, tp2, or single1 (one "
+                help="comma-separated MODE:PRECISION, MODE in single, ddp2, fsdp2, tp2 (any world size for the last three), or single1 (one "
                      "process and one thread, both programs pinned to CPU 0: kernel efficiency without "
                      "threading, which holds up on a loaded machine)")
 ap.add_argument("--json", help="also write the raw runs here")
@@ -53,13 +53,14 @@ def run(cmd, env=None, one_core=False):
 
 def dtensor_run(mode, precision):
     one_core = mode == "single1"
-    dp = 1 if mode in ("single", "single1") else int(mode[-1])
-    if mode not in ("single", "single1", "ddp2"):
-        return None  # dtensor's train_gpt has data parallelism only
+    n = 1 if mode in ("single", "single1") else int(mode[-1])
+    # The peer's modes as train_gpt flags: DDP, FSDP2 (ZeRO-3) and Megatron tensor parallel.
+    layout = {"ddp": ["--mesh", f"dp={n}"], "fsdp": ["--mesh", f"dp={n}", "--fsdp", "3"],
+              "tp": ["--mesh", f"tp={n}"]}.get(mode[:-1], ["--mesh", "dp=1"])
     cmd = [A.train_gpt, "--vocab", str(MODEL["vocab"]), "--dim", str(MODEL["dim"]), "--layers", str(MODEL["layers"]),
            "--heads", str(MODEL["heads"]), "--seq-len", str(MODEL["seq"]), "--batch", str(MODEL["batch"]),
            "--precision", precision, "--clip", "0", "--log", "plain", "--warmup", "0",
-           "--steps", str(A.warmup + A.steps), "--mesh", f"dp={dp}", "--out", os.path.join(TMP, "loss.csv")]
+           "--steps", str(A.warmup + A.steps), *layout, "--out", os.path.join(TMP, "loss.csv")]
     env = dict(os.environ, DTENSOR_NUM_THREADS="1") if one_core else None
     out = run(cmd, env, one_core)
     steps = [float(m.group(1)) for m in re.finditer(r"^step\s+\d+/\d+ .*?\|\s*([\d.]+) ms", out, re.M)]

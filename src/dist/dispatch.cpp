@@ -229,10 +229,14 @@ std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vecto
   std::erase_if(strategies, [](const Strategy& s) { return !redistribution::partials_compatible(s.output); });
   for (Strategy& s : strategies) {
     unify_nesting(s, spec, inputs);
-    s.deferred_seconds = deferred_reduction_cost(s, out_shape, inputs);
+    s.deferred_seconds = grad_enabled() ? deferred_reduction_cost(s, out_shape, inputs) : 0.0;
   }
   return strategies;
 }
+
+namespace {
+bool gets_gradient(const DistTensor& t) { return t.requires_grad() && grad_enabled(); }
+}  // namespace
 
 size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs) {
   DT_CHECK_SUPPORTED(!strategies.empty(), "dispatch", "the op offered no sharding strategy");
@@ -242,6 +246,14 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
   auto replicated = [](const Placements& p) {
     return std::count_if(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
   };
+  // An input that will receive a gradient pays for its move twice: each op's backward
+  // runs against the inputs as they were, so the gradient computed in the moved
+  // layout travels back (an all-to-all for an all-to-all, a reduce-scatter for an
+  // all-gather, the same bytes). Without this, moving an activation and a weight
+  // (all-to-all + all-gather) looks cheaper than Megatron's row-parallel Partial
+  // output, and backward then pays both moves again.
+  std::vector<double> weight(inputs.size());
+  for (size_t j = 0; j < inputs.size(); ++j) weight[j] = gets_gradient(inputs[j]) ? 2.0 : 1.0;
   size_t best = 0;
   double best_cost = 0;
   int best_changes = 0;
@@ -249,7 +261,7 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
     double cost = strategies[i].deferred_seconds;
     int changes = 0;
     for (size_t j = 0; j < inputs.size(); ++j) {
-      cost += redistribution_cost(inputs[j], strategies[i].inputs[j]);
+      cost += weight[j] * redistribution_cost(inputs[j], strategies[i].inputs[j]);
       changes += strategies[i].inputs[j] != inputs[j].placements();
     }
     const double tolerance = std::max(1e-8, 0.01 * std::min(cost, best_cost));
@@ -318,12 +330,14 @@ const Strategy* lookup(std::string_view op, const std::vector<int64_t>& attribut
   key.clear();
   key.push_back(static_cast<int64_t>(std::hash<std::string_view>()(op)));
   key.insert(key.end(), attributes.begin(), attributes.end());
+  key.push_back(grad_enabled());  // deferred Partial costs are charged only then
   const DeviceMesh& mesh = inputs[0].mesh();
   key.insert(key.end(), mesh.shape().begin(), mesh.shape().end());
   for (const DistTensor& t : inputs) {
     key.push_back(-1 - static_cast<int64_t>(t.dtype()));
     key.insert(key.end(), t.shape().begin(), t.shape().end());
     encode(key, t.placements());
+    key.push_back(gets_gradient(t));  // its moves count twice (choose_strategy)
   }
   auto it = strategy_cache.find(key);
   if (it == strategy_cache.end()) return nullptr;

@@ -4,7 +4,8 @@
 // An op (1) lists candidate strategies: for every input the placements it needs and
 // the placements the output then has; (2) picks the one whose input redistributions
 // cost least under the cost model (costs within 1% tie; ties go to fewer changed
-// inputs, then to the more sharded output, then to the first listed); (3) redistributes the inputs
+// inputs, then to the more sharded output, then to the first listed; a move of an input
+// that will receive a gradient counts twice, for its mirror in backward); (3) redistributes the inputs
 // (differentiably); (4) runs the local kernel; (5) wraps the output. Decisions are
 // cached by (op, attributes, input layouts, shapes, dtypes).
 //
@@ -54,7 +55,8 @@ std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vecto
                                         const std::optional<Shape>& out_shape = std::nullopt);
 
 // The index of the cheapest strategy for these inputs: the predicted seconds of
-// moving every input to the strategy's placements plus its deferred_seconds.
+// moving every input to the strategy's placements (twice for an input that will
+// receive a gradient: its gradient moves back in backward) plus its deferred_seconds.
 size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs);
 
 // The inputs moved to the strategy's placements, as local tensors. The moves are
