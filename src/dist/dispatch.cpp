@@ -252,8 +252,21 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
   // all-gather, the same bytes). Without this, moving an activation and a weight
   // (all-to-all + all-gather) looks cheaper than Megatron's row-parallel Partial
   // output, and backward then pays both moves again.
-  std::vector<double> weight(inputs.size());
-  for (size_t j = 0; j < inputs.size(); ++j) weight[j] = gets_gradient(inputs[j]) ? 2.0 : 1.0;
+  // The way back is priced as the larger of the move and its reverse: a free chunk
+  // R -> S comes back as an all-gather of the gradient, an all-gather S -> R as a
+  // reduce-scatter of a Partial gradient (the reverse plan, R -> S, would say free),
+  // a move to a Partial as itself (its gradient is not reduced).
+  auto mirror = [&](size_t j, const Placements& moved, double forward) {
+    if (!gets_gradient(inputs[j]) || forward == 0) return 0.0;
+    // R -> P (a bias added to a Partial) takes its gradient back as it is.
+    if (std::any_of(moved.begin(), moved.end(), [](const Placement& p) { return p.is_partial(); })) return forward;
+    const DistTensor& t = inputs[j];
+    const Placements back = redistribution::canonicalize(t.placements(), t.dim());
+    const double reverse =
+        redistribution::find_plan(redistribution::canonicalize(moved, t.dim()), back, t.shape(), t.mesh(), t.dtype())
+            ->predicted_seconds;
+    return std::max(forward, reverse);
+  };
   size_t best = 0;
   double best_cost = 0;
   int best_changes = 0;
@@ -261,7 +274,8 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
     double cost = strategies[i].deferred_seconds;
     int changes = 0;
     for (size_t j = 0; j < inputs.size(); ++j) {
-      cost += weight[j] * redistribution_cost(inputs[j], strategies[i].inputs[j]);
+      const double forward = redistribution_cost(inputs[j], strategies[i].inputs[j]);
+      cost += forward + mirror(j, strategies[i].inputs[j], forward);
       changes += strategies[i].inputs[j] != inputs[j].placements();
     }
     const double tolerance = std::max(1e-8, 0.01 * std::min(cost, best_cost));
