@@ -1,6 +1,6 @@
 // GEMM engines on the shapes of a GPT training step, measured in one run.
 //
-//   ./build/bench/bench_gemm [--rounds 3] [--seconds 0.25]
+//   ./build/bench/bench_gemm [--rounds 3] [--seconds 0.25] [--clock wall|cpu]
 //
 // Rows: the forward, input-gradient and weight-gradient GEMMs of train_gpt's model
 // (dim 256, MLP 1024, 1024 tokens per step, vocab 256) and the batched attention
@@ -18,8 +18,16 @@
 // last column is dtensor over the best other column (target >= 0.90). Below the
 // table: the roofline of the step, the time its GEMMs take at the best engine per
 // shape, from which the step's achieved FLOP/s is judged (bench/RESULTS.md).
+//
+// --clock cpu times each call by the process's CPU time instead of the wall clock.
+// Meant for one thread pinned to one core (DTENSOR_NUM_THREADS=1 taskset -c 0) on a
+// shared machine: a call of a few milliseconds is then nearly always preempted by
+// other processes, so its wall time (and the wall-clock best of many) measures the
+// load, while its CPU time is the time the core spent on it. With more threads CPU
+// time also counts a library's spinning workers, so it is not a throughput there.
 #include <dlfcn.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,16 +87,26 @@ const std::vector<Shape3>& shapes() {
 
 double flops(const Shape3& s) { return 2.0 * s.batch * s.m * s.n * s.k; }
 
-// Best GFLOP/s of fn over `seconds` of repeats (after one warm-up call).
+bool g_cpu_clock = false;  // --clock cpu
+
+double now_seconds() {
+  if (!g_cpu_clock) return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Best GFLOP/s of fn over `seconds` of repeats (after one warm-up call), on the clock
+// --clock chose.
 template <class Fn>
 double best_gflops(const Shape3& s, double seconds, Fn&& fn) {
   fn();
   double best = 1e30, spent = 0;
   int reps = 0;
   while (spent < seconds || reps < 3) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = now_seconds();
     fn();
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double t = now_seconds() - t0;
     best = std::min(best, t);
     spent += t;
     ++reps;
@@ -158,7 +176,7 @@ struct Column {
 };
 
 // Runs this program as a child measuring one column; returns GFLOP/s per shape.
-std::vector<double> run_child(const char* self, const Column& col, double seconds) {
+std::vector<double> run_child(const char* self, const Column& col, double seconds, const char* clock) {
   int pipe_fd[2];
   if (pipe(pipe_fd) != 0) std::exit(1);
   const pid_t pid = fork();
@@ -167,7 +185,8 @@ std::vector<double> run_child(const char* self, const Column& col, double second
     close(pipe_fd[0]);
     for (const auto& [k, v] : col.env) setenv(k.c_str(), v.c_str(), 1);
     const std::string secs = std::to_string(seconds);
-    execl(self, self, "--column", col.mode.c_str(), "--seconds", secs.c_str(), static_cast<char*>(nullptr));
+    execl(self, self, "--column", col.mode.c_str(), "--seconds", secs.c_str(), "--clock", clock,
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   close(pipe_fd[1]);
@@ -213,6 +232,7 @@ int main(int argc, char** argv) {
     if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
     if (flag == "--seconds") seconds = std::atof(argv[i + 1]);
     if (flag == "--column") column = argv[i + 1];
+    if (flag == "--clock") g_cpu_clock = std::strcmp(argv[i + 1], "cpu") == 0;
   }
   if (!column.empty()) {
     measure_column(column, seconds);
@@ -236,11 +256,12 @@ int main(int argc, char** argv) {
 
   std::vector<std::vector<std::vector<double>>> samples(columns.size());
   for (int r = 0; r < rounds; ++r) {
-    for (size_t c = 0; c < columns.size(); ++c) samples[c].push_back(run_child(argv[0], columns[c], seconds));
+    for (size_t c = 0; c < columns.size(); ++c) samples[c].push_back(run_child(argv[0], columns[c], seconds, g_cpu_clock ? "cpu" : "wall"));
   }
   std::printf("%s\n", dtensor::cpu::summary().c_str());
   for (const std::string& w : dtensor::cpu::warnings()) std::printf("warning: %s\n", w.c_str());
-  std::printf("GFLOP/s, median over %d alternating rounds of the best of %.2f s each\n\n", rounds, seconds);
+  std::printf("GFLOP/s (%s), median over %d alternating rounds of the best of %.2f s each\n\n",
+              g_cpu_clock ? "process CPU time" : "wall clock", rounds, seconds);
   std::printf("| shape (batch x m x n x k, transposes) |");
   for (const Column& col : columns) std::printf(" %s |", col.name.c_str());
   std::printf(" dtensor / best F32 engine |\n|---|");

@@ -12,11 +12,19 @@ PyTorch's MemTracker peak (parameters, gradients, optimizer state and activation
 like-for-like pair; PyTorch's peak RSS is printed too. Model: vocab 256, dim 256, 4 layers,
 4 heads, seq 128, global batch 8, AdamW, no clipping; the peer's docstring gives the
 architecture. PyTorch is a benchmark tool here, never a dependency of dtensor.
+
+--cpu-per-step adds, per program and configuration, the CPU seconds one step costs: each round also
+runs the program with 2 measured steps, and the difference of the two runs' CPU time (user + system
+of the process and its children, from the operating system) over the extra steps is the step's
+cost, start-up, tuning and warm-up cancelled. Under single1 (one thread on one core) that is the
+step time an idle core gives, and it holds on a machine loaded by other jobs, where wall time
+measures the load; with more threads it also counts workers that spin while they wait.
 """
 import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,22 +44,47 @@ ap.add_argument("--configs", default="single:fp32,ddp2:fp32,single:bf16",
                      "process and one thread, both programs pinned to CPU 0: kernel efficiency without "
                      "threading, which holds up on a loaded machine)")
 ap.add_argument("--json", help="also write the raw runs here")
+ap.add_argument("--cpu-per-step", action="store_true", help="also measure CPU seconds per step (see above)")
 A = ap.parse_args()
 
 TMP = tempfile.mkdtemp(prefix="compare_train_")
 MODEL = dict(vocab=256, dim=256, layers=4, heads=4, seq=128, batch=8)
 
 
+LAST_CPU = [0.0]  # CPU seconds of the last run()
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run(cmd, env=None, one_core=False):
     if one_core:
         cmd = ["taskset", "-c", "0"] + cmd
+    before = children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    LAST_CPU[0] = children_cpu() - before
     if p.returncode != 0:
         sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return p.stdout
 
 
-def dtensor_run(mode, precision):
+SHORT_STEPS = 2  # measured steps of the short run of --cpu-per-step
+
+
+def with_cpu_per_step(fn, mode, precision):
+    """fn's result, plus cpu_s_per_step from a second, short run when --cpu-per-step is on."""
+    res = fn(mode, precision)
+    if res is None or not A.cpu_per_step:
+        return res
+    full = LAST_CPU[0]
+    fn(mode, precision, SHORT_STEPS)
+    res["cpu_s_per_step"] = (full - LAST_CPU[0]) / (A.steps - SHORT_STEPS)
+    return res
+
+
+def dtensor_run(mode, precision, steps=None):
     one_core = mode == "single1"
     n = 1 if mode in ("single", "single1") else int(mode[-1])
     # The peer's modes as train_gpt flags: DDP, FSDP2 (ZeRO-3) and Megatron tensor parallel.
@@ -60,7 +93,7 @@ def dtensor_run(mode, precision):
     cmd = [A.train_gpt, "--vocab", str(MODEL["vocab"]), "--dim", str(MODEL["dim"]), "--layers", str(MODEL["layers"]),
            "--heads", str(MODEL["heads"]), "--seq-len", str(MODEL["seq"]), "--batch", str(MODEL["batch"]),
            "--precision", precision, "--clip", "0", "--log", "plain", "--warmup", "0",
-           "--steps", str(A.warmup + A.steps), *layout, "--out", os.path.join(TMP, "loss.csv")]
+           "--steps", str(A.warmup + (steps or A.steps)), *layout, "--out", os.path.join(TMP, "loss.csv")]
     env = dict(os.environ, DTENSOR_NUM_THREADS="1") if one_core else None
     out = run(cmd, env, one_core)
     steps = [float(m.group(1)) for m in re.finditer(r"^step\s+\d+/\d+ .*?\|\s*([\d.]+) ms", out, re.M)]
@@ -70,10 +103,10 @@ def dtensor_run(mode, precision):
                 step_min=min(measured), peak_mib=max(peaks[A.warmup:]) if peaks else None)
 
 
-def torch_run(mode, precision):
+def torch_run(mode, precision, steps=None):
     one_core = mode == "single1"
     peer_mode, world = ("single", 1) if mode in ("single", "single1") else (mode[:-1], int(mode[-1]))
-    cmd = [A.python, os.path.join(HERE, "torch_train_peer.py"), peer_mode, str(world), "--steps", str(A.steps),
+    cmd = [A.python, os.path.join(HERE, "torch_train_peer.py"), peer_mode, str(world), "--steps", str(steps or A.steps),
            "--warmup", str(A.warmup), "--precision", precision]
     env = dict(os.environ, PEER_CORES="1" if one_core else str(os.cpu_count()))
     line = [l for l in run(cmd, env, one_core).splitlines() if l.startswith("{")][-1]
@@ -99,11 +132,12 @@ runs = {}
 for r in range(A.rounds):
     for mode, precision in configs:
         for lib, fn in (("dtensor", dtensor_run), ("torch", torch_run)):
-            res = fn(mode, precision)
+            res = with_cpu_per_step(fn, mode, precision)
             if res is None:
                 continue
             runs.setdefault((mode, precision, lib), []).append(res)
-            print(f"round {r + 1}: {lib:7s} {mode:6s} {precision}: {res['ms']:.1f} ms/step", file=sys.stderr, flush=True)
+            cpu = f", {res['cpu_s_per_step'] * 1e3:.1f} CPU ms/step" if "cpu_s_per_step" in res else ""
+            print(f"round {r + 1}: {lib:7s} {mode:6s} {precision}: {res['ms']:.1f} ms/step{cpu}", file=sys.stderr, flush=True)
 
 tokens = MODEL["batch"] * MODEL["seq"]
 print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; {A.rounds} rounds alternating, {A.steps} steps after {A.warmup} "
@@ -117,14 +151,17 @@ for key, rs in runs.items():
         print(f"peer: {rs[0]['header']}")
         break
 print()
-print("| config | program | ms/step median | ms/step best | tokens/s (median) | peak MiB per rank | vs PyTorch |")
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+cpu_cols = " CPU ms/step (median) | vs PyTorch (CPU) |" if A.cpu_per_step else ""
+print("| config | program | ms/step median | ms/step best | tokens/s (median) | peak MiB per rank | vs PyTorch |" + cpu_cols)
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if A.cpu_per_step else ""))
 for mode, precision in configs:
-    medians = {}
+    medians, cpu_medians = {}, {}
     for lib in ("torch", "dtensor"):
         rs = runs.get((mode, precision, lib))
         if rs:
             medians[lib] = statistics.median(x["ms"] for x in rs)
+            if A.cpu_per_step:
+                cpu_medians[lib] = statistics.median(x["cpu_s_per_step"] for x in rs) * 1e3
     for lib in ("torch", "dtensor"):
         rs = runs.get((mode, precision, lib))
         if not rs:
@@ -136,7 +173,11 @@ for mode, precision in configs:
         if lib == "torch" and rs[0].get("rss_mib"):
             peak_s += f" (RSS {rs[0]['rss_mib']:.0f})"
         ratio = f"{medians['torch'] / med:.2f}x" if lib == "dtensor" and "torch" in medians else ""
-        print(f"| {mode} {precision} | {lib} | {med:.1f} | {best:.1f} | {tokens / med * 1e3:.0f} | {peak_s} | {ratio} |")
+        cpu_s = ""
+        if A.cpu_per_step:
+            cpu_ratio = f"{cpu_medians['torch'] / cpu_medians[lib]:.2f}x" if lib == "dtensor" and "torch" in cpu_medians else ""
+            cpu_s = f" {cpu_medians[lib]:.1f} | {cpu_ratio} |"
+        print(f"| {mode} {precision} | {lib} | {med:.1f} | {best:.1f} | {tokens / med * 1e3:.0f} | {peak_s} | {ratio} |{cpu_s}")
 if A.json:
     with open(A.json, "w") as f:
         json.dump({f"{k[0]}:{k[1]}:{k[2]}": v for k, v in runs.items()}, f, indent=1)

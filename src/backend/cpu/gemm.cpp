@@ -12,8 +12,9 @@
 // Engine choice: no table of CPU models decides which library is fast here. The
 // first call of each GEMM signature (dtype, transposes, batch, m, n, k, threads)
 // runs every candidate route on the call's own operands into a scratch output (one
-// warm-up run each, then kTimedRounds interleaved rounds; the cost of a run is its
-// CPU time over all threads, which other processes on the machine do not inflate)
+// warm-up run each, then interleaved rounds, 4 to 16 of them so that each route is
+// timed for about 10 ms; the cost of a run is its CPU time over all threads, which
+// other processes on the machine do not inflate)
 // and pins the signature to the cheapest; a route must beat the
 // default (OpenBLAS) by 5% to replace it. The real output is
 // always written by the chosen route, so results never depend on the order of calls,
@@ -115,7 +116,15 @@ struct SignatureHash {
   }
 };
 
-constexpr int kTimedRounds = 4;
+// Timed rounds of a tuning: enough for each route to run about kTunedSeconds, within
+// [kMinRounds, kMaxRounds] (a single round when every route takes over 20 ms). A call of a
+// millisecond or less is often cut by another process on a shared machine and runs
+// on with cold caches, which costs CPU time too; with four runs the best of a route
+// varied by 7-8% between processes and near engines flipped (f32 NT 1024x256x256 on
+// one core: OpenBLAS 123-131, oneDNN 128-139 GFLOP/s in three processes).
+constexpr int kMinRounds = 4;
+constexpr int kMaxRounds = 16;
+constexpr double kTunedSeconds = 0.01;
 // GEMMs smaller than this (multiply-adds) are not tuned: they take the default
 // route, as their time is all call overhead.
 constexpr int64_t kMinTunedWork = int64_t{1} << 18;
@@ -177,15 +186,19 @@ int default_route(const std::vector<Route>& routes) {
 }
 
 // Cost of each route: one warm-up run each (kernel generation, first touch), then
-// kTimedRounds rounds that run every route still in the race once in turn, keeping
-// each route's cheapest run. Interleaving spreads load changes over all routes
-// alike; runs over 20 ms get a single round.
+// rounds that run every route still in the race once in turn (see kMinRounds),
+// keeping each route's cheapest run. Interleaving spreads load changes over all
+// routes alike; when every route's run is over 20 ms there is a single round.
 std::vector<double> measure_routes(const std::vector<Route>& routes,
                                    const std::function<double(const Route&)>& run_once) {
   std::vector<double> best(routes.size(), 1e30);
-  double longest = 0;
-  for (const Route& r : routes) longest = std::max(longest, run_once(r));
-  const int rounds = longest > 0.02 ? 1 : kTimedRounds;
+  // The cheapest warm-up sets the count (another route's may include generating its
+  // kernel); a route that is really slower drops out after the first round.
+  double shortest = 1e30;
+  for (const Route& r : routes) shortest = std::min(shortest, run_once(r));
+  const int rounds =
+      shortest > 0.02 ? 1
+                      : std::clamp(static_cast<int>(kTunedSeconds / std::max(shortest, 1e-9)), kMinRounds, kMaxRounds);
   // A route over 1.5x the cheapest after a round cannot come back: it drops out, so
   // that a slow engine costs its warm-up and one round, not all of them.
   std::vector<bool> racing(routes.size(), true);
