@@ -133,8 +133,37 @@ void BM_Redistribute(benchmark::State& state) {
   state.SetLabel(t.name);
 }
 
+// Replicate -> Shard(d) of the 64 MiB tensor on a 1-D mesh of 2 ranks: S(0) is a view
+// of the replicated buffer (chunk.cpp), S(1) a strided piece that is copied; the
+// third figure is a memcpy of one rank's 32 MiB piece, what a copying chunk costs.
+void BM_ReplicateToShard(benchmark::State& state) {
+  const Tensor full = Tensor::randn(kShape, 1);
+  double view_s = 0, copy_s = 0, memcpy_s = 0;
+  for (auto _ : state) {
+    launch(2, [&](Group world) {
+      DeviceMesh mesh(world, {2}, {"a"});
+      const DistTensor source = distribute(full, mesh, {Replicate()});
+      Tensor piece = Tensor::empty({kShape[0] / 2, kShape[1]});
+      const std::vector<double> times = time_interleaved(
+          world, {[&] { benchmark::DoNotOptimize(source.redistribute({Shard(0)}).to_local().data_ptr()); },
+                  [&] { benchmark::DoNotOptimize(source.redistribute({Shard(1)}).to_local().data_ptr()); },
+                  [&] { piece.copy_(source.to_local().narrow(0, 0, kShape[0] / 2)); }});
+      if (world.rank() == 0) {
+        view_s = times[0];
+        copy_s = times[1];
+        memcpy_s = times[2];
+      }
+    });
+    state.SetIterationTime(view_s);
+  }
+  state.counters["R_to_S0_ms"] = view_s * 1e3;
+  state.counters["R_to_S1_ms"] = copy_s * 1e3;
+  state.counters["memcpy_32MiB_ms"] = memcpy_s * 1e3;
+}
+
 }  // namespace
 
 BENCHMARK(BM_Redistribute)->DenseRange(0, 7)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ReplicateToShard)->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

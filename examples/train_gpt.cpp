@@ -2,13 +2,15 @@
 //
 //   ./build/examples/train_gpt --mesh dp=2 --steps 200
 //   ./build/examples/train_gpt --config examples/configs/small.json --precision bf16
+//   ./build/examples/train_gpt --mesh dp=4 --fsdp 3              # ZeRO-3 (FSDP)
+//   ./build/examples/train_gpt --mesh dp=2,tp=2 --fsdp 3         # FSDP over tensor parallel
+//   ./build/examples/train_gpt --mesh replicate=2,dp=2 --fsdp 3 --hsdp
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
 //
 // Every flag can also come from a JSON file (--config) with the same keys; flags
 // given on the command line win. Run with --help for the list.
 #include <dtensor/dtensor.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -32,7 +34,11 @@ struct OptionSpec {
 
 const std::vector<OptionSpec>& option_specs() {
   static const std::vector<OptionSpec> specs = {
-      {"mesh", "dp=2", "parallel layout, e.g. dp=2 (the product is the number of ranks)"},
+      {"mesh", "dp=2", "parallel layout: dp=2, tp=2, dp=2,tp=2 or replicate=2,dp=2 (the product is the number of ranks)"},
+      {"sequence-parallel", "false", "with tp: norms and dropout on sequence shards (Megatron sequence parallelism)",
+       true},
+      {"gather-logits", "false", "with tp: all-gather the logits before the loss instead of the vocab-parallel loss",
+       true},
       {"backend", "threads", "threads (ranks are threads of this process) or mpi (run under mpirun)"},
       {"steps", "200", "optimizer steps"},
       {"batch", "16", "global batch in sequences (split over dp, then over grad-accum)"},
@@ -55,6 +61,8 @@ const std::vector<OptionSpec>& option_specs() {
       {"grad-accum", "1", "micro-batches per step"},
       {"checkpoint-activations", "false", "recompute each block's activations in backward", true},
       {"bucket-mb", "25", "DDP gradient bucket size in MiB"},
+      {"fsdp", "0", "0: DDP on dp; 1, 2, 3: FSDP with that ZeRO stage, sharded over the mesh dim dp"},
+      {"hsdp", "false", "hybrid sharding: FSDP within dp, replicas across the mesh dim 'replicate'", true},
       {"seed", "1234", "seed of the model, the data order and dropout"},
       {"trace", "", "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", "2:2", "FIRST:COUNT of the steps to trace"},
@@ -174,23 +182,30 @@ class Options {
   std::map<std::string, std::string> values_;
 };
 
-// The mesh flag: "dp=2" (tensor, pipeline and fully sharded layouts arrive with
-// their issues).
-int64_t parse_dp(const std::string& mesh) {
-  const size_t eq = mesh.find('=');
-  if (eq == std::string::npos) throw std::invalid_argument("--mesh: expected NAME=SIZE such as dp=2, got '" + mesh + "'");
-  const std::string name = mesh.substr(0, eq), size = mesh.substr(eq + 1);
-  if (name != "dp") {
-    throw std::invalid_argument("--mesh: only the data-parallel dim 'dp' is supported in this release, got '" + name + "'");
+// The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP; pipeline
+// layouts arrive with their issue).
+MeshSpec parse_mesh(const std::string& text) {
+  MeshSpec mesh;
+  try {
+    mesh = parse_mesh_spec(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--mesh: ") + e.what());
   }
-  char* end = nullptr;
-  const long long n = std::strtoll(size.c_str(), &end, 10);
-  if (size.empty() || *end || n < 1) throw std::invalid_argument("--mesh: expected a positive size for dp, got '" + size + "'");
-  return n;
+  for (const std::string& name : mesh.names) {
+    if (name != "dp" && name != "tp" && name != "replicate") {
+      throw std::invalid_argument("--mesh: dims are dp (data parallel), tp (tensor parallel) and replicate (HSDP replica groups), got '" +
+                                  name + "'");
+    }
+  }
+  return mesh;
 }
 
 struct Settings {
-  int64_t dp = 1, steps = 0, batch = 0, grad_accum = 1;
+  MeshSpec mesh;
+  int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;  // dp: data-parallel ranks (dp x replicate)
+  int64_t fsdp = 0;
+  bool hsdp = false;
+  bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
   nn::GPTConfig model;
@@ -201,7 +216,26 @@ struct Settings {
 
 Settings read_settings(const Options& o) {
   Settings s;
-  s.dp = parse_dp(o.str("mesh"));
+  s.mesh = parse_mesh(o.str("mesh"));
+  s.dp = s.mesh.size("dp") * s.mesh.size("replicate");
+  s.tp = s.mesh.size("tp");
+  const auto has = [&](const char* name) { return std::count(s.mesh.names.begin(), s.mesh.names.end(), name) > 0; };
+  s.fsdp = o.integer("fsdp");
+  s.hsdp = o.flag("hsdp");
+  if (s.fsdp < 0 || s.fsdp > 3) throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
+  if (s.fsdp > 0 && !has("dp")) {
+    throw std::invalid_argument("--fsdp " + std::to_string(s.fsdp) + " shards over the mesh dim 'dp', --mesh " + o.str("mesh") +
+                                " has none");
+  }
+  if (s.hsdp && (s.fsdp == 0 || !has("replicate"))) {
+    throw std::invalid_argument("--hsdp needs --fsdp 1|2|3 and a 'replicate' mesh dim (e.g. --mesh replicate=2,dp=2), got --fsdp " +
+                                std::to_string(s.fsdp) + " --mesh " + o.str("mesh"));
+  }
+  if (!s.hsdp && has("replicate")) {
+    throw std::invalid_argument("--mesh " + o.str("mesh") + ": a 'replicate' dim is for HSDP (add --fsdp N --hsdp)");
+  }
+  s.sequence_parallel = o.flag("sequence-parallel");
+  s.loss_parallel = !o.flag("gather-logits");
   s.backend = o.choice("backend", {"threads", "mpi"});
   s.steps = o.integer("steps");
   s.batch = o.integer("batch");
@@ -255,94 +289,94 @@ std::unique_ptr<TokenDataset> make_dataset(const Settings& s) {
 
 // One rank's training loop. Returns rank 0's log history through `log`.
 void train(Group world, const Settings& s, const TokenDataset& data) {
-  DeviceMesh mesh(world, {s.dp}, {"dp"});
+  DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
   if (!s.trace.empty()) Tracer::record_steps(s.trace_first, s.trace_count);
   nn::GPTConfig config = s.model;
   config.vocab = data.vocab_size();
   nn::GPT model(mesh, config, s.seed);
-  parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = s.bucket_mb});
-  AdamW optimizer(model.parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
-  // Short runs (tests, smoke checks) shorten the warmup rather than fail.
-  const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
-  DistributedSampler sampler(data.size(), s.batch, mesh.coordinate(0), s.dp, s.seed, true, s.grad_accum);
-  std::optional<LossScaler> scaler;
-  if (s.precision == "fp16") scaler.emplace();
+  const bool has_dp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "dp") > 0;
+  const bool has_tp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "tp") > 0;
+  // Megatron tensor parallelism on tp (heads, MLP hidden and vocabulary sharded),
+  // data parallelism (bucketed all-reduce) on dp.
+  if (has_tp) {
+    parallel::parallelize_module(model, mesh["tp"],
+                                 parallel::gpt_tp_plan(config, {.sequence_parallel = s.sequence_parallel,
+                                                                .loss_parallel = s.loss_parallel}));
+  }
   const std::optional<DType> compute = s.precision == "bf16" ? std::optional<DType>(DType::BF16)
                                        : s.precision == "fp16" ? std::optional<DType>(DType::F16)
                                                                : std::nullopt;
+  // Data parallelism on dp: DDP, or FSDP per block and then the root (over the
+  // tensor-parallel layouts, if any: dp shards each tp piece).
+  std::optional<parallel::DistributedDataParallel> ddp;
+  std::optional<parallel::FSDPModule> fsdp;
+  if (s.fsdp > 0) {
+    parallel::FSDPOptions options{.stage = static_cast<int>(s.fsdp), .replicate_dim = s.hsdp ? "replicate" : ""};
+    // 16-bit compute: gather the parameters in it, reduce gradients in F32.
+    if (compute) options.mixed_precision = {.param_dtype = compute, .reduce_dtype = DType::F32};
+    for (auto& [name, m] : model.named_modules()) {
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options);
+    }
+    fsdp = parallel::fully_shard(model, mesh, options);
+  } else if (has_dp) {
+    ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = s.bucket_mb, .dp_dim = "dp"});
+  }
+  // The batch is split over the data-parallel dims (replicate outer, dp inner) and
+  // replicated over tp; each data-parallel rank reads its own slice.
+  Placements batch_layout;
+  int64_t dp_rank = 0;
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const bool data_parallel = s.mesh.names[d] != "tp";
+    batch_layout.push_back(data_parallel ? Shard(0) : Replicate());
+    if (data_parallel) dp_rank = dp_rank * mesh.size(d) + mesh.coordinate(d);
+  }
+  AdamW optimizer(model.parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
+  // Short runs (tests, smoke checks) shorten the warmup rather than fail.
+  const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
+  DistributedSampler sampler(data.size(), s.batch, dp_rank, s.dp, s.seed, true, s.grad_accum);
   const bool leader = world.rank() == 0;
   std::unique_ptr<TrainLog> log;
   if (leader && s.log != "quiet") {
     log = std::make_unique<TrainLog>(s.steps, s.log == "plain" ? TrainLog::Mode::Plain : TrainLog::Mode::Auto);
-    std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s, %s backend, "
+    std::printf("%s\n", cpu::summary().c_str());  // the CPU, its kernels and GEMM engines
+    for (const std::string& w : cpu::warnings()) std::printf("warning: %s\n", w.c_str());
+    const std::string parallelism = fsdp ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
+                                    : ddp ? "DDP" : "no data parallelism";
+    std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
                 "%s%s\n",
                 static_cast<long long>(model.num_parameters()), static_cast<long long>(config.layers),
                 static_cast<long long>(config.dim), static_cast<long long>(config.heads),
                 static_cast<long long>(config.vocab), static_cast<long long>(config.block_size),
-                mesh.to_string().c_str(), world.backend().c_str(), s.precision.c_str(),
+                mesh.to_string().c_str(), parallelism.c_str(), world.backend().c_str(), s.precision.c_str(),
                 config.checkpoint_activations ? ", activation checkpointing" : "");
   }
+  parallel::GradientSync* sync = fsdp ? static_cast<parallel::GradientSync*>(&*fsdp) : ddp ? &*ddp : nullptr;
+  parallel::TrainerOptions training{.grad_accum = s.grad_accum,
+                                    .clip_grad_norm = s.clip,
+                                    .compute_dtype = fsdp ? std::nullopt : compute,
+                                    .schedule = &schedule,
+                                    .sync = sync,
+                                    .tokens_per_step = s.batch * config.block_size};
+  if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
+  parallel::Trainer trainer(optimizer, training);
   const Shape micro_shape{s.batch / s.grad_accum, config.block_size};
   for (int64_t step = 0; step < s.steps; ++step) {
-    Tracer::begin_step(step);
-    TraceSpan step_span("step", "train");
-    reset_peak_memory();
-    const auto t0 = std::chrono::steady_clock::now();
-    const double lr = schedule.apply(optimizer, step);
-    double loss_value = 0;
-    for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
+    const parallel::StepReport report = trainer.step(step, [&](int64_t micro) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, micro_shape);
-      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, micro_shape);
-      DistTensor loss;
-      {
-        TraceSpan span("forward", "compute");
-        std::optional<nn::ComputeDtype> precision;
-        if (compute) precision.emplace(*compute);
-        loss = div(model.loss(ids, targets), static_cast<double>(s.grad_accum));
-      }
-      {
-        TraceSpan span("backward", "compute");
-        const DistTensor scaled = scaler ? scaler->scale(loss) : loss;
-        if (micro + 1 < s.grad_accum) {
-          auto no_sync = ddp.no_sync();
-          scaled.backward();
-        } else {
-          scaled.backward();
-        }
-      }
-      loss_value += loss.full_tensor().item<double>();
-    }
-    {
-      TraceSpan span("optimizer", "compute");
-      ddp.wait_for_gradients();
-      const bool finite = !scaler || scaler->unscale_and_check(model.parameters());
-      if (finite) {
-        if (s.clip > 0) clip_grad_norm(model.parameters(), s.clip);
-        optimizer.step();
-      }
-      if (scaler) scaler->update();
-      optimizer.zero_grad();
-    }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const Tensor peaks = all_gather(world, Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::I64));
-    Tracer::counter("loss", loss_value);
-    if (log) {
-      StepStats stats;
-      stats.step = step;
-      stats.loss = loss_value;
-      stats.tokens = s.batch * config.block_size;
-      stats.seconds = seconds;
-      stats.peak_memory_bytes = peaks.to_vector<int64_t>();
-      stats.lr = lr;
-      log->step(stats);
-    }
+      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, batch_layout, micro_shape);
+      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, batch_layout, micro_shape);
+      return model.loss(ids, targets);
+    });
+    if (log) log->step(report.stats);
   }
   if (log) {
     log->finish();
     const std::string svg = log->write_loss_curve(s.out, "GPT training loss (" + mesh.to_string() + ", " + s.precision + ")");
     std::printf("loss curve: %s and %s\n", s.out.c_str(), svg.c_str());
-    if (scaler) std::printf("fp16 loss scale %g, %lld skipped steps\n", scaler->scale_value(), static_cast<long long>(scaler->skipped_steps()));
+    if (const LossScaler* scaler = trainer.scaler()) {
+      std::printf("fp16 loss scale %g, %lld skipped steps\n", scaler->scale_value(),
+                  static_cast<long long>(scaler->skipped_steps()));
+    }
   }
 }
 
@@ -363,8 +397,9 @@ int main(int argc, char** argv) {
     const std::unique_ptr<TokenDataset> data = make_dataset(settings);
     if (settings.backend == "mpi") {
       Group world = init("mpi");
-      if (world.size() != settings.dp) {
-        throw std::invalid_argument("--mesh dp=" + std::to_string(settings.dp) + " needs " + std::to_string(settings.dp) +
+      const int64_t ranks = shape_numel(settings.mesh.shape);
+      if (world.size() != ranks) {
+        throw std::invalid_argument("--mesh " + settings.mesh.to_string() + " needs " + std::to_string(ranks) +
                                     " ranks, mpirun started " + std::to_string(world.size()));
       }
       std::string trace = settings.trace;
@@ -379,7 +414,7 @@ int main(int argc, char** argv) {
       if (!trace.empty()) std::printf("trace: %s\n", Tracer::stop().c_str());
     } else {
       if (!settings.trace.empty()) Tracer::start(settings.trace);
-      launch(static_cast<int>(settings.dp), [&](Group world) { train(world, settings, *data); });
+      launch(static_cast<int>(shape_numel(settings.mesh.shape)), [&](Group world) { train(world, settings, *data); });
       if (!settings.trace.empty()) std::printf("trace: %s (open in Perfetto)\n", Tracer::stop().c_str());
     }
   } catch (const std::exception& e) {

@@ -13,6 +13,23 @@ using Grads = std::vector<DistTensor>;
 
 namespace {
 
+// True when merging all dims but the last into one is free for t's layout: no
+// Partial (its reduction stays with the MoveMemo of the other product), and only the
+// outermost of those dims sharded, evenly (a shard of the merged dim is then the same
+// contiguous block of rows), so the reshape communicates nothing.
+bool flattens_for_free(const DistTensor& t) {
+  int64_t shards_of_dim0 = 1;
+  for (size_t m = 0; m < t.placements().size(); ++m) {
+    const Placement& p = t.placements()[m];
+    if (p.is_partial()) return false;
+    for (int64_t d = 1; d + 1 < t.dim(); ++d) {
+      if (p.is_shard(d)) return false;
+    }
+    if (p.is_shard(0)) shards_of_dim0 *= t.mesh().size(static_cast<int>(m));
+  }
+  return t.size(0) % shards_of_dim0 == 0;
+}
+
 DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   DT_CHECK_ARG(b.size(-2) == k, "matmul", "inner dims differ: a is ", a.shape(), ", b is ", b.shape());
@@ -34,8 +51,31 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
   if (!autograd::needs_grad({a, b})) return out;
   const DistTensor sa = a.detach(), sb = b.detach();
   return with_grad(out, "matmul", {a, b}, [sa, sb](const Grads& g) {
-    return Grads{ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape()),
-                 ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape())};
+    dispatch::MoveMemo memo;  // both products move g[0] the same way: once
+    // Only what the engine wants now: an input that does not require grad, or the
+    // weight while a zero-bubble schedule computes input gradients first, costs nothing.
+    Grads out(2);
+    if (autograd::grad_wanted(0)) {
+      out[0] = ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape());
+    }
+    if (!autograd::grad_wanted(1)) return out;
+    if (sb.dim() == 2 && sa.dim() > 2 && flattens_for_free(sa) && flattens_for_free(g[0])) {
+      // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
+      // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
+      const int64_t k = sa.size(-1), n = g[0].size(-1);
+      const DistTensor a_rows = reshape(sa, {-1, k}), g_rows = reshape(g[0], {-1, n});
+      const Tensor& b_local = sb.to_local();
+      if (b_local.stride(0) == 1 && b_local.size(0) > 1 && b_local.size(1) > 1) {
+        // b is a transposed view (W^T of a Linear): compute g^T a as [n, k], contiguous,
+        // and return its transpose, so W's gradient comes out contiguous like W.
+        out[1] = transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1);
+      } else {
+        out[1] = matmul(transpose(a_rows, 0, 1), g_rows);
+      }
+    } else {
+      out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
+    }
+    return out;
   });
 }
 

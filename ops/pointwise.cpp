@@ -106,8 +106,10 @@ DistTensor unary(UnaryOp op, const DistTensor& a) {
   DistTensor out = run_pointwise(op_name(op), {static_cast<int64_t>(op)}, {a}, rule, {},
                                  [op](const std::vector<Tensor>& l) { return unary(op, l[0]); });
   if (!autograd::needs_grad({a})) return out;
-  const DistTensor saved_in = a.detach();
-  const DistTensor saved_out = backward_uses_output(op) ? out.detach() : DistTensor();
+  // Keep only what the backward reads: a saved tensor stays allocated until backward.
+  const bool uses_output = backward_uses_output(op);
+  const DistTensor saved_in = uses_output ? DistTensor() : a.detach();
+  const DistTensor saved_out = uses_output ? out.detach() : DistTensor();
   return with_grad(out, op_name(op), {a}, [op, saved_in, saved_out](const Grads& g) {
     return Grads{unary_backward(op, g[0], saved_in, saved_out)};
   });
@@ -116,6 +118,14 @@ DistTensor unary(UnaryOp op, const DistTensor& a) {
 DistTensor binary(BinaryOp op, const DistTensor& a, const DistTensor& b) {
   DistTensor out = dist_binary(op, a, b);
   if (op >= BinaryOp::Eq || !autograd::needs_grad({a, b})) return out;
+  if (op == BinaryOp::Add || op == BinaryOp::Sub) {
+    // Their backward needs the shapes only; keeping the inputs would hold them (a
+    // Linear's output before its bias, a residual branch) until backward.
+    const Shape a_shape = a.shape(), b_shape = b.shape();
+    return with_grad(out, op_name(op), {a, b}, [op, a_shape, b_shape](const Grads& g) {
+      return Grads{sum_to(g[0], a_shape), sum_to(op == BinaryOp::Add ? g[0] : neg(g[0]), b_shape)};
+    });
+  }
   const DistTensor sa = a.detach(), sb = b.detach();
   return with_grad(out, op_name(op), {a, b},
                    [op, sa, sb](const Grads& g) { return binary_backward(op, g[0], sa, sb); });
@@ -127,7 +137,9 @@ DistTensor binary(BinaryOp op, const DistTensor& a, double scalar) {
   DistTensor out = run_pointwise(op_name(op), {static_cast<int64_t>(op), -1}, {a}, rule, {},
                                  [op, scalar](const std::vector<Tensor>& l) { return binary(op, l[0], scalar); });
   if (op >= BinaryOp::Eq || !autograd::needs_grad({a})) return out;
-  const DistTensor sa = a.detach();
+  // x + s, x - s, x * s, x / s need no saved input for their gradient.
+  const bool needs_input = !(op == BinaryOp::Add || op == BinaryOp::Sub || op == BinaryOp::Mul || op == BinaryOp::Div);
+  const DistTensor sa = needs_input ? a.detach() : DistTensor();
   return with_grad(out, op_name(op), {a}, [op, scalar, sa](const Grads& g) -> Grads {
     const DType t = g[0].dtype();
     switch (op) {

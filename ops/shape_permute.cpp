@@ -39,8 +39,10 @@ DistTensor permute(const DistTensor& a, const std::vector<int64_t>& dims) {
     normalized.push_back(d);
     inverse[d] = static_cast<int64_t>(i);
   }
+  // A view, as on local tensors: GEMMs read transposed operands in place, and
+  // kernels that need contiguous data copy where they must.
   DistTensor result = relabel("permute", normalized, a, in, out, out_shape,
-                              [normalized](const std::vector<Tensor>& l) { return l[0].permute(normalized).contiguous(); });
+                              [normalized](const std::vector<Tensor>& l) { return l[0].permute(normalized); });
   if (!autograd::needs_grad({a})) return result;
   return with_grad(result, "permute", {a}, [inverse](const Grads& g) { return Grads{permute(g[0], inverse)}; });
 }

@@ -177,7 +177,7 @@ DistTensor reshape_as(const DistTensor& a, const Shape& requested, const char* o
   const ReshapePlan plan = plan_reshape(in, out);
   const DeviceMesh& mesh = a.mesh();
   const dispatch::Strategy& strategy = dispatch::cached_strategy("reshape", out, {a}, [&] {
-    std::vector<dispatch::Strategy> strategies = dispatch::einsum_strategies(plan.spec, {a});
+    std::vector<dispatch::Strategy> strategies = dispatch::einsum_strategies(plan.spec, {a}, out);
     std::erase_if(strategies, [&](const dispatch::Strategy& s) {
       return !maps_cleanly(s, plan, in, out, mesh.shape());
     });

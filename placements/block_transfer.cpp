@@ -22,23 +22,6 @@ using mesh_index::coordinate_of;
 
 using Block = std::vector<Range>;
 
-Block intersect(const Block& a, const Block& b) {
-  Block out(a.size());
-  for (size_t d = 0; d < a.size(); ++d) {
-    const int64_t lo = std::max(a[d].offset, b[d].offset);
-    const int64_t hi = std::min(a[d].end(), b[d].end());
-    out[d] = {lo, std::max<int64_t>(hi - lo, 0)};
-  }
-  return out;
-}
-
-// `t` holds `held`; the view of the sub-block `part` of it.
-Tensor view_of(const Tensor& t, const Block& held, const Block& part) {
-  Tensor v = t;
-  for (size_t d = 0; d < part.size(); ++d) v = v.narrow(static_cast<int64_t>(d), part[d].offset - held[d].offset, part[d].length);
-  return v;
-}
-
 // Does the holder at `sender` serve receiver `receiver`? Only when they agree on
 // every mesh dim that does not shard the source layout.
 bool serves(const std::vector<int64_t>& sender, const std::vector<int64_t>& receiver,
@@ -56,16 +39,40 @@ struct Traffic {
   int64_t local_bytes = 0;  // kept and copied into the new local tensor
 };
 
-// What the rank at `me` sends to other ranks.
-Traffic sends_of(const std::vector<int64_t>& me, const StepContext& ctx, const Shape& mesh_shape) {
+// Every rank's block under `placements`, by row-major mesh index.
+std::vector<Block> all_blocks(const StepContext& ctx, const Placements& placements) {
+  const Shape& mesh_shape = ctx.mesh.shape();
+  std::vector<Block> blocks;
+  blocks.reserve(static_cast<size_t>(shape_numel(mesh_shape)));
+  for (int64_t r = 0; r < shape_numel(mesh_shape); ++r) {
+    blocks.push_back(local_block(ctx.global_shape, mesh_shape, placements, coordinate_of(r, mesh_shape)));
+  }
+  return blocks;
+}
+
+int64_t intersection_numel(const Block& a, const Block& b) {
+  int64_t n = 1;
+  for (size_t d = 0; d < a.size() && n > 0; ++d) {
+    n *= std::max<int64_t>(std::min(a[d].end(), b[d].end()) - std::max(a[d].offset, b[d].offset), 0);
+  }
+  return n;
+}
+
+// What mesh rank `me` sends to other ranks, given every rank's block before and
+// after (the planner prices a block transfer for every rank, so the blocks are
+// computed once per step rather than once per pair).
+Traffic sends_of(int64_t me, const StepContext& ctx, const std::vector<Block>& before,
+                 const std::vector<Block>& after) {
+  const Shape& mesh_shape = ctx.mesh.shape();
+  const std::vector<int64_t> my_coordinate = coordinate_of(me, mesh_shape);
   Traffic traffic;
-  const Block mine = local_block(ctx.global_shape, mesh_shape, ctx.from, me);
   for (int64_t q = 0; q < shape_numel(mesh_shape); ++q) {
-    const std::vector<int64_t> receiver = coordinate_of(q, mesh_shape);
-    if (!serves(me, receiver, ctx.from, mesh_shape)) continue;
-    const int64_t n = ranges_numel(intersect(mine, local_block(ctx.global_shape, mesh_shape, ctx.to, receiver)));
-    if (receiver == me) {
-      traffic.local_bytes = n * static_cast<int64_t>(dtype_size(ctx.dtype));
+    if (!serves(my_coordinate, coordinate_of(q, mesh_shape), ctx.from, mesh_shape)) continue;
+    const int64_t n = intersection_numel(before[static_cast<size_t>(me)], after[static_cast<size_t>(q)]);
+    if (q == me) {
+      // A block that stays whole is kept, not copied (apply).
+      const bool kept = before[static_cast<size_t>(me)] == after[static_cast<size_t>(me)];
+      traffic.local_bytes = kept ? 0 : n * static_cast<int64_t>(dtype_size(ctx.dtype));
     } else if (n > 0) {
       traffic.bytes += n * static_cast<int64_t>(dtype_size(ctx.dtype));
       ++traffic.peers;
@@ -101,10 +108,10 @@ class BlockTransferTransform final : public Transform {
   }
 
   double predict(const StepContext& ctx, const CostModel& model) const override {
-    const Shape& mesh_shape = ctx.mesh.shape();
+    const std::vector<Block> before = all_blocks(ctx, ctx.from), after = all_blocks(ctx, ctx.to);
     Traffic worst;
-    for (int64_t r = 0; r < shape_numel(mesh_shape); ++r) {
-      const Traffic t = sends_of(coordinate_of(r, mesh_shape), ctx, mesh_shape);
+    for (int64_t r = 0; r < ctx.mesh.size(); ++r) {
+      const Traffic t = sends_of(r, ctx, before, after);
       worst.bytes = std::max(worst.bytes, t.bytes);
       worst.peers = std::max(worst.peers, t.peers);
       worst.local_bytes = std::max(worst.local_bytes, t.local_bytes);
@@ -114,7 +121,7 @@ class BlockTransferTransform final : public Transform {
   }
 
   Footprint footprint(const StepContext& ctx) const override {
-    const Traffic t = sends_of(ctx.mesh.coordinate(), ctx, ctx.mesh.shape());
+    const Traffic t = sends_of(ctx.mesh.linear_index(), ctx, all_blocks(ctx, ctx.from), all_blocks(ctx, ctx.to));
     return {"send", t.peers, t.bytes};
   }
 
@@ -125,7 +132,11 @@ class BlockTransferTransform final : public Transform {
     const Block mine_after = local_block(ctx.global_shape, mesh_shape, ctx.to, me);
     Shape out_shape;
     for (const Range& r : mine_after) out_shape.push_back(r.length);
-    Tensor out = Tensor::empty(out_shape, local.dtype(), local.device());
+    // A rank whose block does not change (the diagonal of a 2x2 swap) keeps its
+    // tensor: the result shares its storage, as a chunk view does (chunk.cpp), and
+    // nothing arrives for it (only its own block serves it).
+    const bool keeps_block = mine_before == mine_after && local.is_contiguous();
+    Tensor out = keeps_block ? local : Tensor::empty(out_shape, local.dtype(), local.device());
 
     std::vector<P2POp> ops;
     std::vector<std::pair<Tensor, Block>> received;
@@ -133,11 +144,11 @@ class BlockTransferTransform final : public Transform {
       const std::vector<int64_t> other = coordinate_of(q, mesh_shape);
       // What I send to `other` (or copy to myself).
       if (serves(me, other, ctx.from, mesh_shape)) {
-        const Block part = intersect(mine_before, local_block(ctx.global_shape, mesh_shape, ctx.to, other));
+        const Block part = intersect_blocks(mine_before, local_block(ctx.global_shape, mesh_shape, ctx.to, other));
         if (ranges_numel(part) > 0) {
-          const Tensor piece = view_of(local, mine_before, part);
+          const Tensor piece = block_view(local, mine_before, part);
           if (other == me) {
-            view_of(out, mine_after, part).copy_(piece);
+            if (!keeps_block) block_view(out, mine_after, part).copy_(piece);
           } else {
             ops.push_back(P2POp::send(piece.contiguous(), static_cast<int>(q)));
           }
@@ -145,11 +156,11 @@ class BlockTransferTransform final : public Transform {
       }
       // What `other` sends me.
       if (other != me && serves(other, me, ctx.from, mesh_shape)) {
-        const Block part = intersect(local_block(ctx.global_shape, mesh_shape, ctx.from, other), mine_after);
+        const Block part = intersect_blocks(local_block(ctx.global_shape, mesh_shape, ctx.from, other), mine_after);
         if (ranges_numel(part) > 0) {
           // Straight into the output when the part is one contiguous run of it (a
           // whole block moving between owners), else through a buffer.
-          Tensor target = view_of(out, mine_after, part);
+          Tensor target = block_view(out, mine_after, part);
           if (target.is_contiguous()) {
             ops.push_back(P2POp::recv(target, static_cast<int>(q)));
           } else {
@@ -161,7 +172,7 @@ class BlockTransferTransform final : public Transform {
       }
     }
     if (!ops.empty()) batch_send_recv(ctx.mesh.group(), ops);
-    for (const auto& [buffer, part] : received) view_of(out, mine_after, part).copy_(buffer);
+    for (const auto& [buffer, part] : received) block_view(out, mine_after, part).copy_(buffer);
     return out;
   }
 };

@@ -89,6 +89,24 @@ int64_t ranges_numel(const std::vector<Range>& block) {
   return n;
 }
 
+std::vector<Range> intersect_blocks(const std::vector<Range>& a, const std::vector<Range>& b) {
+  std::vector<Range> out(a.size());
+  for (size_t d = 0; d < a.size(); ++d) {
+    const int64_t lo = std::max(a[d].offset, b[d].offset);
+    const int64_t hi = std::min(a[d].end(), b[d].end());
+    out[d] = {lo, std::max<int64_t>(hi - lo, 0)};
+  }
+  return out;
+}
+
+Tensor block_view(const Tensor& t, const std::vector<Range>& held, const std::vector<Range>& part) {
+  Tensor v = t;
+  for (size_t d = 0; d < part.size(); ++d) {
+    v = v.narrow(static_cast<int64_t>(d), part[d].offset - held[d].offset, part[d].length);
+  }
+  return v;
+}
+
 int64_t max_local_numel(const Shape& global_shape, const Shape& mesh_shape,
                         const Placements& placements) {
   const std::vector<int64_t> origin(mesh_shape.size(), 0);

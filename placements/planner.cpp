@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <map>
+#include <future>
 #include <mutex>
 #include <queue>
 #include <sstream>
@@ -30,7 +31,7 @@ std::string cache_key(const Placements& from, const Placements& to, const Shape&
   std::ostringstream key;
   key << placements_to_string(from) << '>' << placements_to_string(to) << '|'
       << shape_to_string(shape) << '|' << shape_to_string(mesh.shape()) << '|'
-      << dtype_size(dtype) << '|' << mesh.group().backend();
+      << dtype_size(dtype) << '|' << mesh.world().backend();
   return key.str();
 }
 
@@ -39,7 +40,7 @@ std::shared_ptr<const Plan> search(const Placements& from, const Placements& to,
   const int64_t ndim = static_cast<int64_t>(shape.size());
   const Shape& mesh_shape = mesh.shape();
   // Threads ranks all share this host; MPI ranks are assumed one per core.
-  const std::string backend = mesh.group().backend();
+  const std::string backend = mesh.world().backend();
   const CostModel model = CostModel::for_backend(backend, backend == "threads" ? mesh.size() : 1);
   const Placements target = canonicalize(to, ndim);
   const std::string goal = layout_key(target, mesh_shape, ndim);
@@ -96,9 +97,14 @@ std::shared_ptr<const Plan> search(const Placements& from, const Placements& to,
   return plan;
 }
 
+// Plans by key; an entry appears when its search starts, so ranks of one process
+// (threads backend) that need the same plan wait for the first one's search
+// instead of repeating it (on a 2x2x2 mesh eight ranks would otherwise search the
+// same layouts eight times at once).
+using PlanFuture = std::shared_future<std::shared_ptr<const Plan>>;
 std::mutex cache_mutex;
-std::map<std::string, std::shared_ptr<const Plan>>& cache() {
-  static std::map<std::string, std::shared_ptr<const Plan>> plans;
+std::map<std::string, PlanFuture>& cache() {
+  static std::map<std::string, PlanFuture> plans;
   return plans;
 }
 
@@ -107,18 +113,31 @@ std::map<std::string, std::shared_ptr<const Plan>>& cache() {
 std::shared_ptr<const Plan> find_plan(const Placements& from, const Placements& to,
                                       const Shape& shape, const DeviceMesh& mesh, DType dtype) {
   const std::string key = cache_key(from, to, shape, mesh, dtype);
+  std::promise<std::shared_ptr<const Plan>> promise;
+  PlanFuture planned;
   {
     std::lock_guard<std::mutex> lock(cache_mutex);
     auto it = cache().find(key);
-    if (it != cache().end()) return it->second;
+    if (it != cache().end()) {
+      planned = it->second;
+    } else {
+      // Bounded: programs with ever-changing shapes start over instead of growing.
+      if (cache().size() >= kMaxCachedPlans) cache().clear();
+      cache().emplace(key, promise.get_future().share());
+    }
   }
-  // Searched outside the lock: ranks (threads) planning different layouts do not
-  // wait for each other; two ranks planning the same one compute the same plan.
-  std::shared_ptr<const Plan> plan = search(from, to, shape, mesh, dtype);
-  std::lock_guard<std::mutex> lock(cache_mutex);
-  // Bounded: programs with ever-changing shapes start over instead of growing.
-  if (cache().size() >= kMaxCachedPlans) cache().clear();
-  return cache().emplace(key, plan).first->second;
+  if (planned.valid()) return planned.get();  // waits while another rank searches
+  try {
+    std::shared_ptr<const Plan> plan = search(from, to, shape, mesh, dtype);
+    promise.set_value(plan);
+    return plan;
+  } catch (...) {
+    // Errors are not cached: waiters see this one, a later call searches again.
+    promise.set_exception(std::current_exception());
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    cache().erase(key);
+    throw;
+  }
 }
 
 size_t plan_cache_size() {

@@ -49,6 +49,7 @@ const char* transform_name(TransformKind kind) {
     case TransformKind::ShardToPartial: return "shard_to_partial";
     case TransformKind::PartialToPartial: return "partial_to_partial";
     case TransformKind::BlockTransfer: return "block_transfer";
+    case TransformKind::CrossMesh: return "cross_mesh";
   }
   return "?";
 }

@@ -103,6 +103,10 @@ Range parent_range(const Shape& global_shape, const Shape& mesh_shape, const Pla
 int64_t max_local_numel(const Shape& global_shape, const Shape& mesh_shape,
                         const Placements& placements);
 int64_t ranges_numel(const std::vector<Range>& block);
+// The common part of two blocks (empty ranges where they do not meet).
+std::vector<Range> intersect_blocks(const std::vector<Range>& a, const std::vector<Range>& b);
+// The view of sub-block `part` of `t`, which holds block `held` of the global tensor.
+Tensor block_view(const Tensor& t, const std::vector<Range>& held, const std::vector<Range>& part);
 // Bytes of the largest local block under `placements` (the slowest rank's size).
 int64_t max_local_bytes(const StepContext& ctx, const Placements& placements);
 // What a one-collective step issues on this rank: `collective` once, with this

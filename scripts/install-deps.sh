@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dtensor needs on Debian 12 (skips apt entirely when all is present).
 set -euo pipefail
-packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
-          libgtest-dev libbenchmark-dev
+packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libdnnl-dev libblis-dev
+          libopenmpi-dev openmpi-bin libgtest-dev libbenchmark-dev
           clang libclang-rt-14-dev  # the sanitizer and fuzzing jobs (scripts/run-sanitizers.sh)
           iproute2)                 # the two-host test (tests/mpi/two_hosts.sh)
 missing=()

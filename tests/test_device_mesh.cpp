@@ -245,3 +245,20 @@ TEST(DeviceMesh, SpecStringsParseAndPrintBack) {
 
 }  // namespace
 }  // namespace dtensor
+
+namespace dtensor {
+
+TEST(DeviceMeshShape, SizesByNameAndTheRoundTrip) {
+  const MeshSpec m = parse_mesh_spec("pp=4,dp=2,tp=2");
+  EXPECT_EQ(m.size("tp"), 2);
+  EXPECT_EQ(m.size("pp"), 4);
+  EXPECT_EQ(m.size("cp"), 1);
+  launch(4, [](Group g) {
+    const DeviceMesh mesh(g, {2, 2}, {"dp", "tp"});
+    const MeshSpec back = parse_mesh_spec(mesh.to_string());
+    EXPECT_EQ(back.shape, mesh.shape());
+    EXPECT_EQ(back.names, mesh.names());
+  });
+}
+
+}  // namespace dtensor

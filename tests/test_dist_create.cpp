@@ -287,7 +287,14 @@ TEST(DistCreate, BadInputErrors) {
   launch(3, [](Group world) {
     DeviceMesh mesh(world, {2});
     if (world.rank() == 2) {
-      EXPECT_THROW_MSG(zeros({4}, mesh, {Shard(0)}), std::invalid_argument, "[zeros] this rank is not in mesh d0=2");
+      // A rank outside the mesh gets the tensor's shape and layout, and no data.
+      const DistTensor elsewhere = zeros({4}, mesh, {Shard(0)});
+      EXPECT_EQ(elsewhere.shape(), Shape{4});
+      EXPECT_EQ(elsewhere.to_local().numel(), 0);
+      EXPECT_THROW_MSG(elsewhere.full_tensor(), std::invalid_argument, "[full_tensor] this rank is not in mesh d0=2");
+      EXPECT_THROW_MSG(zeros({4}, mesh, {Shard(1)}), std::invalid_argument, "[zeros]");
+      EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros({2}), mesh, {Shard(0)}), std::invalid_argument,
+                       "[from_local] this rank is not in mesh d0=2");
     }
   });
 }

@@ -94,3 +94,69 @@ TEST(NN, HooksTrainEvalAndBadInput) {
     EXPECT_THROW_MSG(nn::GPT(mesh, bad, 1), std::invalid_argument, "[SelfAttention] dim 9 must be a multiple of heads 2");
   });
 }
+
+TEST(NN, SetParameterAndSubmoduleResolveDottedChildNames) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    nn::GPT model(mesh, small(), 1);
+    auto parameter = [&](const std::string& wanted) {
+      for (const auto& [name, p] : model.named_parameters()) {
+        if (name == wanted) return p;
+      }
+      return DistTensor();
+    };
+    // Children registered as "blocks.0" hold dots themselves.
+    const DistTensor sharded = parameter("blocks.1.attn.q.weight").redistribute({Shard(0)});
+    model.set_parameter("blocks.1.attn.q.weight", sharded);
+    for (const auto& [name, p] : model.named_parameters()) {
+      const bool changed = name == "blocks.1.attn.q.weight";
+      EXPECT_EQ(p.placements(), (Placements{changed ? Shard(0) : Replicate()})) << name;
+      EXPECT_TRUE(p.requires_grad() && p.is_leaf()) << name;
+    }
+    nn::Module* found = nullptr;
+    for (auto& [name, m] : model.named_modules()) {
+      if (name == "blocks.1.attn.q") found = m;
+    }
+    ASSERT_NE(found, nullptr);
+    EXPECT_EQ(&model.submodule("blocks.1.attn.q"), found);
+    EXPECT_EQ(&model.submodule(""), &model);
+    EXPECT_THROW_MSG(model.set_parameter("blocks.1.attn.q.bogus", sharded), std::invalid_argument,
+                     "[set_parameter] no parameter named 'blocks.1.attn.q.bogus'");
+    EXPECT_THROW_MSG(model.set_parameter("blocks.7.attn.q.weight", sharded), std::invalid_argument,
+                     "no parameter named 'blocks.7.attn.q.weight'");
+    EXPECT_THROW_MSG(model.set_parameter("blocks.1.attn.q.bias", sharded), std::invalid_argument,
+                     "parameter 'blocks.1.attn.q.bias' has shape [8], the new value [8, 8]");
+    EXPECT_THROW_MSG(model.submodule("blocks.1.attention"), std::invalid_argument,
+                     "[submodule] no module named 'blocks.1.attention'");
+  });
+}
+
+TEST(NN, HooksReplaceInputAndOutputAndCanBeRemoved) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    nn::Linear layer(mesh, 4, 3, /*bias=*/false, 7);
+    const DistTensor x = distribute(Tensor::randn({5, 4}, 1), mesh, {Replicate()});
+    const Tensor plain = layer(x).full_tensor();
+    // The pre-hook doubles the input, the post-hook adds one to the output and
+    // sees the input forward got.
+    nn::HookHandle pre = layer.register_forward_pre_hook(
+        [](nn::Module&, const DistTensor& in) -> std::optional<DistTensor> { return mul(in, 2.0); });
+    Tensor seen;
+    nn::HookHandle post = layer.register_forward_post_hook(
+        [&](nn::Module&, const DistTensor& in, const DistTensor& out) -> std::optional<DistTensor> {
+          seen = in.full_tensor();
+          return add(out, 1.0);
+        });
+    int observed = 0;
+    layer.register_forward_post_hook([&](nn::Module&, const DistTensor&, const DistTensor&) { ++observed; });
+    const Tensor hooked = layer(x).full_tensor();
+    EXPECT_TRUE(allclose(hooked, add(mul(plain, 2.0), 1.0), 1e-6, 1e-6));
+    EXPECT_TRUE(allclose(seen, mul(x.full_tensor(), 2.0), 0, 0));
+    pre.remove();
+    pre.remove();  // idempotent
+    EXPECT_TRUE(allclose(layer(x).full_tensor(), add(plain, 1.0), 1e-6, 1e-6));
+    post.remove();
+    EXPECT_TRUE(allclose(layer(x).full_tensor(), plain, 0, 0));
+    EXPECT_EQ(observed, 3);
+  });
+}

@@ -217,6 +217,9 @@ TEST(Redistribute, BadInputsThrow) {
     EXPECT_THROW_MSG(d.redistribute({Shard(2), Replicate()}), std::invalid_argument, "[redistribute]");
     EXPECT_THROW_MSG(d.redistribute({Partial(ReduceOp::Max), Partial(ReduceOp::Sum)}), std::invalid_argument, "[redistribute]");
     DeviceMesh other(g, {4});
-    EXPECT_THROW_MSG(d.redistribute(other, {Replicate()}), std::invalid_argument, "[redistribute] expected the tensor's mesh");
+    EXPECT_THROW_MSG(d.redistribute(other, {Replicate(), Replicate()}), std::invalid_argument,
+                     "[redistribute] expected 1 placements");
+    EXPECT_THROW_MSG(d.redistribute(DeviceMesh(), {Replicate()}), std::invalid_argument,
+                     "[redistribute] expected a defined target mesh");
   });
 }

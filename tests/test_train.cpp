@@ -7,6 +7,7 @@
 #include "dtensor/nn/gpt.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
+#include "dtensor/parallel/trainer.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -62,29 +63,19 @@ RunResult train(int world, int accum, int steps, DType compute = DType::F32, boo
     nn::GPT model(mesh, config, 42);
     parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = 0.001});
     AdamW optimizer(model.parameters(), 1e-2);
+    std::optional<DType> precision;
+    if (compute != DType::F32) precision = compute;
+    parallel::Trainer trainer(optimizer, {.grad_accum = accum, .compute_dtype = precision, .sync = &ddp});
+    const Shape micro{global_batch / accum, config.block_size};
     std::vector<double> losses;
     for (int step = 0; step < steps; ++step) {
-      double step_loss = 0;
-      for (int micro = 0; micro < accum; ++micro) {
-        const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-        const Shape global{global_batch / accum, config.block_size};
-        const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, global);
-        const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, global);
-        std::optional<nn::ComputeDtype> precision;
-        if (compute != DType::F32) precision.emplace(compute);
-        const DistTensor loss = div(model.loss(ids, targets), static_cast<double>(accum));
-        if (micro + 1 < accum) {
-          auto no_sync = ddp.no_sync();
-          loss.backward();
-        } else {
-          loss.backward();
-        }
-        step_loss += loss.full_tensor().item<double>();
-      }
-      ddp.wait_for_gradients();
-      optimizer.step();
-      optimizer.zero_grad();
-      losses.push_back(step_loss);
+      const parallel::StepReport report = trainer.step(step, [&](int64_t m) {
+        const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, m));
+        const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, {Shard(0)}, micro);
+        const DistTensor targets = DistTensor::from_local(batch.targets, mesh, {Shard(0)}, micro);
+        return model.loss(ids, targets);
+      });
+      losses.push_back(report.stats.loss);
     }
     const auto params = model.state_dict();
     if (g.rank() == 0) {

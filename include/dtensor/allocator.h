@@ -78,6 +78,15 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
+  // Frees the memory but keeps the size: tensors viewing this storage keep their
+  // shapes, and reading or writing them throws until restore_memory(). FSDP frees a
+  // module's gathered parameters after forward this way while the autograd graph
+  // still holds views of them, and gathers into the restored block before backward.
+  void release_memory();
+  // Allocates the block again (contents undefined); nothing to do when it holds memory.
+  void restore_memory();
+  bool holds_memory() const { return data_ != nullptr || bytes_ == 0; }
+
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;

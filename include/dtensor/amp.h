@@ -32,8 +32,9 @@ class LossScaler {
 
   DistTensor scale(const DistTensor& loss) const;
   // Divides every gradient by the scale and returns true when all are finite on
-  // every rank (one all-reduce over the parameters' mesh).
-  bool unscale_and_check(const std::vector<DistTensor>& params);
+  // every rank (one all-reduce over the parameters' mesh, or over `group` when given:
+  // a pipeline's stages hold their parameters on different meshes).
+  bool unscale_and_check(const std::vector<DistTensor>& params, const Group* group = nullptr);
   // Backs off after an overflow, grows after growth_interval clean steps.
   void update();
 

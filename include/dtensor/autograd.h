@@ -52,6 +52,35 @@ class GradModeGuard {
 // gradient of 1. retain_graph keeps saved tensors for another backward.
 void backward(const DistTensor& root, const DistTensor& grad = {}, bool retain_graph = false);
 
+// ---- backward in two parts (zero-bubble pipeline schedules) ------------------------------
+
+// The part of a backward that backward_input left for later. run() computes it once
+// (in the same way backward() would: leaf gradients accumulate, grad-ready hooks and
+// end-of-backward callbacks run); a default-constructed one has nothing to do.
+class DeferredBackward {
+ public:
+  DeferredBackward() = default;
+  void run();
+  bool pending() const;
+  struct State;
+
+ private:
+  friend DeferredBackward backward_input(const DistTensor&, const DistTensor&, const std::vector<DistTensor>&);
+  std::shared_ptr<State> state_;
+};
+
+// Runs only the part of the backward from `root` that leads to `inputs` (leaves that
+// require grad: their gradients accumulate as backward() would accumulate them) and
+// returns the rest. What goes only elsewhere (the parameters' gradients) waits in the
+// returned handle, with what it needs saved, until run(); together the two compute
+// what backward(root, grad) computes. A backward function that asks
+// autograd::grad_wanted computes only the gradients of the part being run (matmul:
+// the input's in the first, the weight's in the second); one that does not computes
+// all of its gradients in the first part, and those bound elsewhere are kept for
+// run(). Inputs that do not require grad are ignored (with none, the whole backward
+// is deferred).
+DeferredBackward backward_input(const DistTensor& root, const DistTensor& grad, const std::vector<DistTensor>& inputs);
+
 // Called once per backward when `param`'s gradient for this backward has been
 // accumulated into param.grad() (DDP and FSDP start communication from here).
 using GradReadyHook = std::function<void(const DistTensor& param)>;
@@ -95,8 +124,25 @@ using BackwardFn = std::function<std::vector<DistTensor>(const std::vector<DistT
 void record(const std::string& name, const std::vector<DistTensor>& inputs,
             std::vector<DistTensor>& outputs, BackwardFn backward);
 
+// Inside a backward function: whether the engine wants the gradient of input
+// `input_nr` now. False for an input without an edge (it does not require grad), and
+// for the inputs of the part that backward_input defers. A function that asks may
+// return an undefined gradient for an input not wanted, and must compute it when
+// called again with it wanted; outside a backward everything is wanted.
+bool grad_wanted(size_t input_nr);
+
 // True when recording is on and some input requires a gradient.
 bool needs_grad(const std::vector<DistTensor>& inputs);
+
+// True while this rank runs a backward (including one nested in a backward function,
+// as activation checkpointing's recomputation runs).
+bool in_backward();
+
+// Runs `fn` when the outermost backward running on this rank has applied every node
+// (FSDP finishes its asynchronous gradient reductions there, so gradients are in
+// place when backward() returns). Only valid inside a backward; callbacks run in the
+// order queued and may queue more. A backward that throws drops its callbacks.
+void queue_callback(std::function<void()> fn);
 
 }  // namespace autograd
 }  // namespace dtensor

@@ -75,13 +75,21 @@ class DeviceMesh {
   std::shared_ptr<const Impl> impl_;
 };
 
+// The calling rank alone, as a 1-rank mesh with one dim "local" (no communication;
+// the same mesh on every call from this rank). A DistTensor on it is one rank's
+// piece as a tensor of its own: ops on it never communicate. DistTensor::as_local
+// and the DistTensor form of from_local move between a mesh and it, with autograd
+// (PyTorch's to_local/from_local on plain tensors); local_map runs functions on it.
+const DeviceMesh& local_mesh();
+
 // A mesh layout as written on command lines and printed by to_string(): "dp=2,tp=4"
 // (spaces around names, '=' and ',' allowed). DeviceMesh(world, spec.shape,
 // spec.names) builds it; its to_string() gives the canonical text back.
 struct MeshSpec {
   Shape shape;
   std::vector<std::string> names;
-  std::string to_string() const;  // "dp=2,tp=4"
+  std::string to_string() const;              // "dp=2,tp=4"
+  int64_t size(std::string_view name) const;  // 1 when the mesh has no such dim
 };
 // std::invalid_argument naming the position and what was expected: sizes are
 // integers >= 1, names non-empty without ',', '=' or spaces, and distinct.

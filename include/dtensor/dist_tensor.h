@@ -23,6 +23,14 @@
 
 namespace dtensor {
 
+struct FromLocalOptions {
+  // Verify with one all-gather of a small record per rank (a hash of the bytes, the
+  // dtype and the shape) that ranks which differ only along Replicate mesh dims
+  // hold bitwise equal pieces, and that pieces along Partial dims have one shape.
+  // A violation fails on every rank with the same message naming the ranks.
+  bool run_check = false;
+};
+
 class DistTensor {
  public:
   DistTensor() = default;
@@ -32,7 +40,22 @@ class DistTensor {
   // local shape is checked against the chunk rule.
   static DistTensor from_local(const Tensor& local, const DeviceMesh& mesh,
                                const Placements& placements,
-                               const std::optional<Shape>& global_shape = std::nullopt);
+                               const std::optional<Shape>& global_shape = std::nullopt,
+                               FromLocalOptions options = {});
+
+  // ---- the local boundary, with autograd ------------------------------------------
+  // This rank's piece as a tensor of its own: a DistTensor on local_mesh() whose
+  // global shape is the local shape (ops on it never communicate). Recorded: its
+  // gradient comes back as this tensor's gradient, this rank's piece of it under
+  // `grad_placements` (default: this tensor's placements, as PyTorch's
+  // to_local(grad_placements) does).
+  DistTensor as_local(const std::optional<Placements>& grad_placements = std::nullopt) const;
+  // The reverse: `local` (a DistTensor on local_mesh(), e.g. computed from
+  // as_local() pieces) as this rank's piece on `mesh`. Recorded: the gradient is
+  // moved to `placements` (Partial as Replicate) and its local piece flows back.
+  static DistTensor from_local(const DistTensor& local, const DeviceMesh& mesh, const Placements& placements,
+                               const std::optional<Shape>& global_shape = std::nullopt,
+                               FromLocalOptions options = {});
 
   bool defined() const { return impl_ != nullptr; }
   const Tensor& to_local() const;

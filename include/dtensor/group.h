@@ -95,6 +95,9 @@ void launch(int n, const std::function<void(Group world)>& fn);
 // "any" (threads inside launch, else mpi when started by mpirun and built with
 // MPI, else threads). An empty name reads DTENSOR_BACKEND, default "any".
 Group init(std::string_view backend = "");
+// A group of the calling rank alone, made without communication on any backend
+// (its collectives return their inputs). local_mesh() is built on it.
+Group self_group();
 bool is_available(std::string_view backend);
 std::vector<std::string> available_backends();
 

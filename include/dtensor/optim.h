@@ -171,6 +171,8 @@ class AdamW : public Optimizer {
 // All parameters must live on meshes over the same ranks (pipeline stages need a
 // further reduction across stages).
 double clip_grad_norm(const std::vector<DistTensor>& params, double max_norm);
+// Scales by a norm the caller computed (a pipeline's, over every stage); returns it.
+double clip_grad_norm(const std::vector<DistTensor>& params, double max_norm, double total_norm);
 // The same norm without scaling.
 double grad_norm(const std::vector<DistTensor>& params);
 

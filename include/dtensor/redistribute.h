@@ -35,6 +35,7 @@ enum class TransformKind : uint8_t {
   ShardToPartial,  // S(d) -> P, local
   PartialToPartial,    // P(sum) <-> P(avg), local scaling
   BlockTransfer,   // any -> any without Partial, whole mesh, point-to-point
+  CrossMesh,       // from one mesh to another over the same world, point-to-point
 };
 const char* transform_name(TransformKind kind);
 
@@ -49,6 +50,7 @@ struct RedistributeStep {
   std::string collective;       // "all_gather", ..., "send" or "" for local steps
   int64_t collective_calls = 0;
   double predicted_seconds = 0;  // cost model, slowest rank
+  std::string meshes;            // CrossMesh: "from front=2 to back=2"
   std::string to_string() const;
 };
 
@@ -67,6 +69,14 @@ struct RedistributePlan {
 RedistributePlan explain_redistribute(const Placements& from, const Placements& to,
                                       const Shape& shape, const DeviceMesh& mesh,
                                       DType dtype = DType::F32);
+
+// The same for a move between two meshes over one world
+// (DistTensor::redistribute(mesh, placements)): the steps that resolve the
+// source's Partials on the source mesh, the point-to-point transfer (what this rank
+// sends), and the local steps that form the target's Partials. Seen from this rank;
+// a rank outside a mesh issues nothing for that mesh's steps.
+RedistributePlan explain_redistribute(const Placements& from, const DeviceMesh& from_mesh, const Placements& to,
+                                      const DeviceMesh& to_mesh, const Shape& shape, DType dtype = DType::F32);
 
 // A redistribution in flight (DistTensor::redistribute_async).
 class PendingRedistribute {

@@ -131,6 +131,30 @@ NormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const NormR
 Tensor gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx = GeluApprox::None);
 Tensor silu_backward(const Tensor& grad_out, const Tensor& x);
 
+// Fused attention: softmax(q k^T * scale [+ causal mask]) v without materialising
+// the [Sq, Sk] scores (tiles of keys with an online softmax; FlashAttention-2's
+// scheme). q [..., Sq, D], k [..., Sk, D], v [..., Sk, Dv] with equal leading dims,
+// one floating dtype; scale defaults to 1/sqrt(D); causal keeps key j for query i
+// when j <= i (top-left aligned, PyTorch's is_causal). `out` [..., Sq, Dv] is laid
+// out in q's dim order (q a transposed [B, S, H, D] view gives out the same
+// [B, S, H, Dv] memory order, so transposing back is free); `lse` [..., Sq] (F32) is
+// the log-sum-exp of each query's scaled scores, all the backward needs besides
+// the inputs and out. F32 and BF16 run the fused kernel (F32 arithmetic, BF16
+// rounded once on store), F16 through F32; F64 takes the naive formulas in F64.
+struct AttentionResult {
+  Tensor out;
+  Tensor lse;
+};
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                             std::optional<double> scale = std::nullopt);
+struct AttentionGrads {
+  Tensor grad_q, grad_k, grad_v;
+};
+// Recomputes the probabilities tile by tile from lse (no stored scores).
+AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                                     const Tensor& v, const AttentionResult& saved, bool causal,
+                                                     std::optional<double> scale = std::nullopt);
+
 // table [V, D], ids integer of any shape -> [..., D]. Ids outside [0, V) are an error
 // unless `masked`: then they give zero rows (the vocab-parallel lookup).
 Tensor embedding(const Tensor& table, const Tensor& ids, bool masked = false);

@@ -1,6 +1,8 @@
 // The autograd tape and the backward engine.
+#include <functional>
 #include <map>
 #include <queue>
+#include <set>
 
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
@@ -10,6 +12,30 @@ namespace {
 
 thread_local bool grad_mode = true;           // per rank
 thread_local uint64_t next_sequence_nr = 0;   // per rank: same program, same numbers
+thread_local int backward_depth = 0;          // backwards running on this rank (nested > 1)
+thread_local std::vector<std::function<void()>> end_of_backward;  // queue_callback
+
+// Counts a running backward; the outermost one runs the queued callbacks when it
+// completes and drops them when it unwinds with an exception.
+class BackwardScope {
+ public:
+  BackwardScope() { ++backward_depth; }
+  ~BackwardScope() {
+    if (--backward_depth == 0) end_of_backward.clear();
+  }
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+
+  void run_callbacks() {
+    if (backward_depth != 1) return;
+    // Index loop: a callback may queue another.
+    for (size_t i = 0; i < end_of_backward.size(); ++i) {
+      std::function<void()> fn = std::move(end_of_backward[i]);
+      fn();
+    }
+    end_of_backward.clear();
+  }
+};
 
 std::shared_ptr<DistTensor::AutogradMeta> meta_of(const DistTensor& t) { return t.impl()->autograd; }
 
@@ -23,6 +49,7 @@ std::shared_ptr<DistTensor::AutogradMeta>& ensure_meta(const DistTensor& t) {
 DistTensor accumulate(const DistTensor& a, const DistTensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
+  if (!a.mesh().is_member()) return a;  // a gradient that lives on other ranks holds nothing here
   const DistTensor moved = b.placements() == a.placements() ? b : b.redistribute(a.placements());
   const Tensor sum = add(a.to_local(), moved.to_local());
   return DistTensor::from_local(sum, a.mesh(), a.placements(), a.shape());
@@ -89,6 +116,13 @@ void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook) {
 
 namespace autograd {
 
+bool in_backward() { return backward_depth > 0; }
+
+void queue_callback(std::function<void()> fn) {
+  DT_CHECK_ARG(backward_depth > 0, "queue_callback", "expected to be called during a backward");
+  end_of_backward.push_back(std::move(fn));
+}
+
 bool needs_grad(const std::vector<DistTensor>& inputs) {
   if (!grad_mode) return false;
   for (const DistTensor& t : inputs) {
@@ -114,74 +148,293 @@ void record(const std::string& name, const std::vector<DistTensor>& inputs,
 
 }  // namespace autograd
 
-void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph) {
+namespace {
+
+using autograd::Edge;
+using autograd::Node;
+
+// The gradient backward starts from: `grad`, or 1 for a one-element root, or nothing
+// held here for a root that lives on other ranks.
+DistTensor initial_gradient(const DistTensor& root, const DistTensor& grad) {
   DT_CHECK_ARG(root.defined() && root.requires_grad(), "backward",
                "expected a tensor that requires grad (did you detach it or run under NoGradGuard?)");
-  DistTensor root_grad = grad;
-  if (!root_grad.defined()) {
+  if (!grad.defined() && !root.mesh().is_member()) {
+    // The root lives on other ranks (e.g. activations this rank sent to another
+    // mesh): its gradient arrives through the recorded moves, so this rank starts
+    // from a gradient that holds nothing here.
+    Placements whole = root.placements();
+    for (Placement& p : whole) {
+      if (p.is_partial()) p = Replicate();
+    }
+    return zeros(root.shape(), root.mesh(), whole, root.dtype());
+  }
+  if (!grad.defined()) {
     DT_CHECK_ARG(root.numel() == 1, "backward", "implicit gradient needs a tensor with one element, got shape ",
                  root.shape(), "; pass a gradient");
     // The gradient of a Partial(sum) value is the same on every coordinate.
-    root_grad = ones(root.shape(), root.mesh(), Placements(root.mesh().ndim(), Replicate()), root.dtype());
-  } else {
-    DT_CHECK_ARG(root_grad.shape() == root.shape(), "backward", "gradient shape ", root_grad.shape(),
-                 " differs from the tensor's ", root.shape());
+    return ones(root.shape(), root.mesh(), Placements(root.mesh().ndim(), Replicate()), root.dtype());
   }
-  const autograd::Edge start = edge_of(root);
+  DT_CHECK_ARG(grad.shape() == root.shape(), "backward", "gradient shape ", grad.shape(),
+               " differs from the tensor's ", root.shape());
+  return grad;
+}
 
-  // Count how many gradients each node will receive.
-  std::map<autograd::Node*, int> dependencies;
-  std::vector<autograd::Node*> stack{start.node.get()};
-  std::map<autograd::Node*, bool> seen{{start.node.get(), true}};
+// How many gradients each node reachable from `starts` (through nodes `inside`
+// accepts) will receive from those nodes.
+std::map<Node*, int> dependencies_from(const std::vector<Node*>& starts, const std::function<bool(Node*)>& inside) {
+  std::map<Node*, int> dependencies;
+  std::set<Node*> seen(starts.begin(), starts.end());
+  std::vector<Node*> stack(starts.begin(), starts.end());
   while (!stack.empty()) {
-    autograd::Node* node = stack.back();
+    Node* node = stack.back();
     stack.pop_back();
     DT_CHECK_ARG(!node->released, "backward",
                  "trying to backward through the graph a second time (node ", node->name(),
                  "); pass retain_graph=true to the first backward");
-    for (const autograd::Edge& e : node->next_edges) {
-      if (!e.node) continue;
+    for (const Edge& e : node->next_edges) {
+      if (!e.node || !inside(e.node.get())) continue;
       ++dependencies[e.node.get()];
-      if (!seen[e.node.get()]) {
-        seen[e.node.get()] = true;
-        stack.push_back(e.node.get());
-      }
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
     }
   }
+  return dependencies;
+}
 
-  // Latest-created first among ready nodes: the same order on every rank.
-  auto later = [](const autograd::Node* a, const autograd::Node* b) { return a->sequence_nr < b->sequence_nr; };
-  std::priority_queue<autograd::Node*, std::vector<autograd::Node*>, decltype(later)> ready(later);
-  std::map<autograd::Node*, std::vector<DistTensor>> inbox;
-  std::map<autograd::Node*, std::shared_ptr<autograd::Node>> keep_alive{{start.node.get(), start.node}};
-  inbox[start.node.get()].resize(start.node->num_outputs);
-  inbox[start.node.get()][start.input_nr] = root_grad;
+// Gradients on their way to nodes, and the nodes kept alive until the backward ends.
+struct Inbox {
+  std::map<Node*, std::vector<DistTensor>> slots;
+  std::map<Node*, std::shared_ptr<Node>> alive;
+
+  void add(const Edge& e, const DistTensor& grad) {
+    alive.emplace(e.node.get(), e.node);
+    auto& s = slots[e.node.get()];
+    s.resize(static_cast<size_t>(e.node->num_outputs));
+    if (grad.defined()) s[static_cast<size_t>(e.input_nr)] = accumulate(s[static_cast<size_t>(e.input_nr)], grad);
+  }
+  std::vector<DistTensor> take(Node* node) {
+    std::vector<DistTensor> grads = std::move(slots[node]);
+    slots.erase(node);
+    grads.resize(static_cast<size_t>(node->num_outputs));
+    return grads;
+  }
+};
+
+// Latest-created first among ready nodes: the same order on every rank.
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
+};
+using ReadyQueue = std::priority_queue<Node*, std::vector<Node*>, LaterFirst>;
+
+// What grad_wanted answers inside the backward function being applied.
+struct WantedInputs {
+  const std::vector<bool>* mask = nullptr;
+  bool asked = false;
+};
+thread_local WantedInputs* wanted_inputs = nullptr;
+
+// Applies `node` with the gradients of the edges `wanted` marks wanted; `asked` says
+// whether its backward function consulted grad_wanted.
+std::vector<DistTensor> apply_node(Node* node, std::vector<DistTensor> grads, const std::vector<bool>& wanted,
+                                   bool* asked = nullptr) {
+  WantedInputs current{&wanted, false};
+  WantedInputs* previous = wanted_inputs;
+  wanted_inputs = &current;
+  std::vector<DistTensor> out;
+  try {
+    out = node->apply(std::move(grads));
+  } catch (...) {
+    wanted_inputs = previous;
+    throw;
+  }
+  wanted_inputs = previous;
+  if (asked) *asked = current.asked;
+  out.resize(node->next_edges.size());
+  return out;
+}
+
+std::vector<bool> present_edges(const Node* node) {
+  std::vector<bool> wanted(node->next_edges.size());
+  for (size_t i = 0; i < wanted.size(); ++i) wanted[i] = node->next_edges[i].node != nullptr;
+  return wanted;
+}
+
+void release_node(Node* node, bool retain_graph) {
+  if (retain_graph || node->name() == "AccumulateGrad") return;
+  node->release();
+  node->released = true;
+}
+
+}  // namespace
+
+bool autograd::grad_wanted(size_t input_nr) {
+  if (!wanted_inputs) return true;
+  wanted_inputs->asked = true;
+  return input_nr < wanted_inputs->mask->size() && (*wanted_inputs->mask)[input_nr];
+}
+
+void backward(const DistTensor& root, const DistTensor& grad, bool retain_graph) {
+  const DistTensor root_grad = initial_gradient(root, grad);
+  const Edge start = edge_of(root);
+  std::map<Node*, int> dependencies = dependencies_from({start.node.get()}, [](Node*) { return true; });
+  Inbox inbox;
+  inbox.add(start, root_grad);
+  ReadyQueue ready;
   ready.push(start.node.get());
 
+  BackwardScope scope;
   NoGradGuard no_grad;  // backward functions are not themselves recorded
   while (!ready.empty()) {
-    autograd::Node* node = ready.top();
+    Node* node = ready.top();
     ready.pop();
-    std::vector<DistTensor> grads = std::move(inbox[node]);
-    inbox.erase(node);
-    grads.resize(node->num_outputs);
-    std::vector<DistTensor> input_grads = node->apply(std::move(grads));
+    const std::vector<DistTensor> input_grads = apply_node(node, inbox.take(node), present_edges(node));
     for (size_t i = 0; i < node->next_edges.size(); ++i) {
-      const autograd::Edge& e = node->next_edges[i];
+      const Edge& e = node->next_edges[i];
       if (!e.node) continue;
-      keep_alive.emplace(e.node.get(), e.node);
-      auto& slots = inbox[e.node.get()];
-      slots.resize(e.node->num_outputs);
-      if (i < input_grads.size() && input_grads[i].defined()) {
-        slots[e.input_nr] = accumulate(slots[e.input_nr], input_grads[i]);
-      }
+      inbox.add(e, input_grads[i]);
       if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
     }
-    if (!retain_graph && node->name() != "AccumulateGrad") {
-      node->release();
-      node->released = true;
+    release_node(node, retain_graph);
+  }
+  scope.run_callbacks();
+}
+
+// ---- backward in two parts -------------------------------------------------------------
+
+struct DeferredBackward::State {
+  // Gradients the first part computed for nodes outside it.
+  Inbox inbox;
+  // Nodes of the first part whose backward function left the gradients of their other
+  // inputs for the second part: applied again with those wanted.
+  struct Reapply {
+    std::shared_ptr<Node> node;
+    std::vector<DistTensor> grads;
+    std::vector<bool> wanted;  // the edges the first part did not compute
+  };
+  std::vector<Reapply> reapply;
+  bool done = false;
+};
+
+bool DeferredBackward::pending() const { return state_ && !state_->done; }
+
+DeferredBackward backward_input(const DistTensor& root, const DistTensor& grad, const std::vector<DistTensor>& inputs) {
+  const DistTensor root_grad = initial_gradient(root, grad);
+  const Edge start = edge_of(root);
+  std::set<Node*> targets;
+  for (const DistTensor& input : inputs) {
+    if (!input.defined() || !input.requires_grad()) continue;
+    DT_CHECK_ARG(input.is_leaf(), "backward_input", "expected the inputs to be leaves, got one made by ",
+                 input.grad_fn_name());
+    targets.insert(edge_of(input).node.get());
+  }
+  // The first part: the nodes from which an input can be reached.
+  dependencies_from({start.node.get()}, [](Node*) { return true; });  // checks for released nodes
+  std::map<Node*, bool> leads;
+  std::function<bool(Node*)> to_input = [&](Node* node) -> bool {
+    const auto it = leads.find(node);
+    if (it != leads.end()) return it->second;
+    bool found = targets.count(node) > 0;
+    for (const Edge& e : node->next_edges) {
+      if (found) break;
+      if (e.node) found = to_input(e.node.get());
+    }
+    leads[node] = found;
+    return found;
+  };
+  DeferredBackward deferred;
+  deferred.state_ = std::make_shared<DeferredBackward::State>();
+  DeferredBackward::State& state = *deferred.state_;
+  BackwardScope scope;
+  NoGradGuard no_grad;
+  if (!to_input(start.node.get())) {
+    state.inbox.add(start, root_grad);  // nothing leads to an input: all of it waits
+    return deferred;
+  }
+  std::map<Node*, int> dependencies = dependencies_from({start.node.get()}, to_input);
+  Inbox inbox;
+  inbox.add(start, root_grad);
+  ReadyQueue ready;
+  ready.push(start.node.get());
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<bool> now(node->next_edges.size()), later(node->next_edges.size());
+    for (size_t i = 0; i < now.size(); ++i) {
+      const Node* next = node->next_edges[i].node.get();
+      now[i] = next && to_input(node->next_edges[i].node.get());
+      later[i] = next && !now[i];
+    }
+    std::vector<DistTensor> grads = inbox.take(node);
+    bool asked = false;
+    const std::vector<DistTensor> input_grads = apply_node(node, grads, now, &asked);
+    bool again = false;
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (now[i]) {
+        inbox.add(e, input_grads[i]);
+        if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
+      } else if (later[i]) {
+        if (asked) {
+          again = true;  // the function computes it when wanted
+        } else {
+          state.inbox.add(e, input_grads[i]);
+        }
+      }
+    }
+    if (again) {
+      state.reapply.push_back({inbox.alive.at(node), std::move(grads), std::move(later)});
+    } else {
+      release_node(node, false);
     }
   }
+  scope.run_callbacks();
+  return deferred;
+}
+
+void DeferredBackward::run() {
+  if (!state_ || state_->done) return;
+  State& state = *state_;
+  state.done = true;
+  std::vector<Node*> starts;
+  for (const auto& [node, _] : state.inbox.slots) starts.push_back(node);
+  for (const State::Reapply& r : state.reapply) {
+    for (size_t i = 0; i < r.wanted.size(); ++i) {
+      if (r.wanted[i]) starts.push_back(r.node->next_edges[i].node.get());
+    }
+  }
+  std::map<Node*, int> dependencies = dependencies_from(starts, [](Node*) { return true; });
+  std::map<Node*, const State::Reapply*> reapplied;
+  for (const State::Reapply& r : state.reapply) {
+    reapplied[r.node.get()] = &r;
+    for (size_t i = 0; i < r.wanted.size(); ++i) {
+      if (r.wanted[i]) ++dependencies[r.node->next_edges[i].node.get()];
+    }
+  }
+  ReadyQueue ready;
+  for (const State::Reapply& r : state.reapply) ready.push(r.node.get());
+  for (const auto& [node, _] : state.inbox.slots) {
+    if (dependencies[node] == 0) ready.push(node);
+  }
+  BackwardScope scope;
+  NoGradGuard no_grad;
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    const auto again = reapplied.find(node);
+    const bool is_reapply = again != reapplied.end();
+    const std::vector<bool> wanted = is_reapply ? again->second->wanted : present_edges(node);
+    const std::vector<DistTensor> input_grads =
+        apply_node(node, is_reapply ? again->second->grads : state.inbox.take(node), wanted);
+    for (size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!wanted[i]) continue;
+      state.inbox.add(e, input_grads[i]);
+      if (--dependencies[e.node.get()] == 0) ready.push(e.node.get());
+    }
+    release_node(node, false);
+  }
+  scope.run_callbacks();
+  state.reapply.clear();
+  state.inbox = Inbox();
 }
 
 }  // namespace dtensor

@@ -16,6 +16,12 @@
 
 namespace dtensor::backend {
 
+// One AdamW step's constants (PyTorch's torch.optim.AdamW formulas).
+struct AdamWStep {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  int64_t step = 1;  // counts this update
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -80,6 +86,26 @@ class Kernels {
   virtual void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits,
                                       const Tensor& targets, int64_t ignore_index,
                                       Tensor& grad_logits) = 0;
+
+  // Fused attention over the leading (batch) dims of q [..., Sq, D], k [..., Sk, D],
+  // v [..., Sk, Dv] (any strides with unit stride along the last dim; one dtype);
+  // out [..., Sq, Dv] (the same: strided rows allowed) and lse [..., Sq] F32
+  // contiguous are written. See tensor_ops.h.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
+                         Tensor& lse) = 0;
+  // grad_q/grad_k/grad_v have q/k/v's shapes (strided rows allowed).
+  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& grad_q,
+                                  Tensor& grad_k, Tensor& grad_v) = 0;
+
+  // One fused AdamW update in place: param, exp_avg, exp_avg_sq contiguous F32 of one
+  // shape, grad of that shape (F32 or BF16, contiguous). Returns false (nothing
+  // done) where the device has no fused kernel for these operands; the caller then
+  // composes the update from ops.
+  virtual bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                          Tensor& exp_avg_sq) {
+    return false;
+  }
 };
 
 // The kernel table for a device; throws std::runtime_error naming the device and the

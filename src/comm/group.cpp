@@ -173,6 +173,11 @@ Group single_threads_group() {
 }
 }  // namespace
 
+Group self_group() {
+  return Group(std::make_shared<comm::threads::ThreadsGroup>(
+      comm::threads::make_world(std::make_shared<comm::threads::World>(1), 1), 0, "self"));
+}
+
 std::vector<std::string> available_backends() {
   std::vector<std::string> names{"threads"};
   if (comm::mpi_compiled()) names.push_back("mpi");

@@ -21,8 +21,23 @@ struct MeshDimOption {
   Placement output;
 };
 
+// The output's global shape from the spec: each letter's size where an input has it.
+Shape output_shape(const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
+  Shape shape(spec.output.size(), 1);
+  for (size_t d = 0; d < spec.output.size(); ++d) {
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const size_t pos = spec.inputs[j].find(spec.output[d]);
+      if (spec.output[d] != '_' && pos != std::string::npos) {
+        shape[d] = inputs[j].size(static_cast<int64_t>(pos));
+        break;
+      }
+    }
+  }
+  return shape;
+}
+
 std::vector<MeshDimOption> options_for_mesh_dim(const EinsumSpec& spec, const std::vector<DistTensor>& inputs,
-                                                int mesh_dim) {
+                                                int mesh_dim, int64_t out_numel) {
   const size_t n = inputs.size();
   std::vector<MeshDimOption> options;
   options.push_back({std::vector<Placement>(n, Replicate()), Replicate()});
@@ -47,7 +62,11 @@ std::vector<MeshDimOption> options_for_mesh_dim(const EinsumSpec& spec, const st
     options.push_back(option);
   }
 
-  // Partial pass-through, offered only where an input already is Partial there.
+  // Partial pass-through, offered only where an input already is Partial there,
+  // and only when the output is no larger than that input: a Partial is resolved
+  // at the smallest tensor it passes through (reduce at the cheapest point), so an
+  // op that would grow it (a Partial gradient times a gathered weight, an expand)
+  // reduces its input first.
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
     auto is_partial = [&](size_t j) {
       const Placement& p = inputs[j].placements()[mesh_dim];
@@ -55,12 +74,14 @@ std::vector<MeshDimOption> options_for_mesh_dim(const EinsumSpec& spec, const st
       return allowed && p.is_partial() && p.reduce_op() == op;
     };
     if (spec.partial == PartialRule::AllSame) {
-      bool any = false;
-      for (size_t j = 0; j < n; ++j) any |= is_partial(j);
-      if (any) options.push_back({std::vector<Placement>(n, Partial(op)), Partial(op)});
+      int64_t largest = -1;
+      for (size_t j = 0; j < n; ++j) {
+        if (is_partial(j)) largest = std::max(largest, inputs[j].numel());
+      }
+      if (largest >= out_numel) options.push_back({std::vector<Placement>(n, Partial(op)), Partial(op)});
     } else if (spec.partial == PartialRule::OneOf) {
       for (size_t j = 0; j < n; ++j) {
-        if (!is_partial(j)) continue;
+        if (!is_partial(j) || inputs[j].numel() < out_numel) continue;
         MeshDimOption option{std::vector<Placement>(n, Replicate()), Partial(op)};
         option.inputs[j] = Partial(op);
         options.push_back(option);
@@ -70,30 +91,78 @@ std::vector<MeshDimOption> options_for_mesh_dim(const EinsumSpec& spec, const st
   return options;
 }
 
-// Where several mesh dims shard one tensor dim, keep the input's own nesting when it
-// is sharded by the same mesh dims already (FSDP over TP), and give the output the
-// nesting of the input its dim comes from.
-void adopt_nesting(Strategy& s, const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
+// Where several mesh dims shard one letter, every input with the letter and the
+// output must nest them in one order, or their blocks do not line up. The order
+// comes from an input already sharded by exactly those mesh dims (keeping it
+// costs that input nothing: FSDP over TP), else it is the default (mesh dim 0
+// outermost); inputs arriving in another order are moved to it.
+void unify_nesting(Strategy& s, const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
   const size_t mesh_ndim = s.output.size();
-  for (size_t j = 0; j < inputs.size(); ++j) {
-    const Placements& have = inputs[j].placements();
-    for (size_t m = 0; m < mesh_ndim; ++m) {
-      Placement& want = s.inputs[j][m];
-      if (!want.is_shard() || !have[m].is_shard(want.dim())) continue;
-      bool same_splitters = true;
-      for (size_t o = 0; o < mesh_ndim; ++o) {
-        same_splitters &= s.inputs[j][o].is_shard(want.dim()) == have[o].is_shard(want.dim());
-      }
-      if (!same_splitters) continue;
-      want = Shard(want.dim(), have[m].order());
-      // The output dim with the same letter inherits the order.
-      const char letter = spec.inputs[j][static_cast<size_t>(want.dim())];
-      const size_t out_pos = spec.output.find(letter);
-      if (out_pos != std::string::npos && s.output[m].is_shard(static_cast<int64_t>(out_pos))) {
-        s.output[m] = Shard(static_cast<int64_t>(out_pos), have[m].order());
-      }
+  std::string letter_of(mesh_ndim, '\0');  // the letter each mesh dim shards
+  for (size_t m = 0; m < mesh_ndim; ++m) {
+    for (size_t j = 0; j < inputs.size() && !letter_of[m]; ++j) {
+      const Placement& p = s.inputs[j][m];
+      if (p.is_shard()) letter_of[m] = spec.inputs[j][static_cast<size_t>(p.dim())];
     }
   }
+  std::string done;
+  for (char letter : letter_of) {
+    if (!letter || done.find(letter) != std::string::npos) continue;
+    done += letter;
+    if (std::count(letter_of.begin(), letter_of.end(), letter) < 2) continue;
+    std::vector<int> order(mesh_ndim, 0);
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const size_t pos = spec.inputs[j].find(letter);
+      if (pos == std::string::npos) continue;
+      const Placements& have = inputs[j].placements();
+      bool same_splitters = true;
+      for (size_t m = 0; m < mesh_ndim; ++m) {
+        same_splitters &= have[m].is_shard(static_cast<int64_t>(pos)) == (letter_of[m] == letter);
+      }
+      if (!same_splitters) continue;
+      for (size_t m = 0; m < mesh_ndim; ++m) order[m] = have[m].order();
+      break;
+    }
+    auto apply = [&](Placements& placements, size_t pos) {
+      for (size_t m = 0; m < mesh_ndim; ++m) {
+        if (letter_of[m] == letter) placements[m] = Shard(static_cast<int64_t>(pos), order[m]);
+      }
+    };
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const size_t pos = spec.inputs[j].find(letter);
+      if (pos != std::string::npos) apply(s.inputs[j], pos);
+    }
+    const size_t out_pos = spec.output.find(letter);
+    if (out_pos != std::string::npos) apply(s.output, out_pos);
+  }
+}
+
+// What a strategy that leaves its output Partial defers, for the mesh dims where it
+// creates the Partial (a contraction over a sharded letter; a Partial passed through
+// from an input was already owed): resolving a Partial costs an all-reduce where a
+// sharded output would cost an all-gather, twice the bytes; the difference in
+// bandwidth is charged. Latency is not: a Partial that later ops absorb or shrink is
+// reduced once, maybe never at this size, so only where it is reduced (how many
+// bytes) depends on this choice. This makes x @ w with w sharded on the contracted
+// dim move a small w (an all-to-all) rather than leave a large activation Partial,
+// while a vocab-parallel lookup (a large table, a smaller activation) stays Partial.
+double deferred_reduction_cost(const Strategy& s, const Shape& out_shape, const std::vector<DistTensor>& inputs) {
+  const DeviceMesh& mesh = inputs[0].mesh();
+  // The planner's model (placements/planner.cpp): threads ranks share one host.
+  const std::string backend = mesh.group().backend();
+  const CostModel model = CostModel::for_backend(backend, backend == "threads" ? mesh.size() : 1);
+  double seconds = 0;
+  for (int m = 0; m < mesh.ndim(); ++m) {
+    if (!s.output[m].is_partial() || mesh.size(m) == 1) continue;
+    bool passed_through = false;
+    for (const Placements& in : s.inputs) passed_through |= in[m].is_partial();
+    if (passed_through) continue;
+    const int64_t bytes = shape_numel(local_shape(out_shape, mesh.shape(), s.output, std::vector<int64_t>(mesh.ndim(), 0))) *
+                          static_cast<int64_t>(dtype_size(inputs[0].dtype()));
+    seconds += (model.all_reduce(bytes, mesh.size(m)) - model.all_reduce(0, mesh.size(m))) -
+               (model.all_gather(bytes, mesh.size(m)) - model.all_gather(0, mesh.size(m)));
+  }
+  return seconds;
 }
 
 double redistribution_cost(const DistTensor& t, const Placements& to) {
@@ -137,10 +206,12 @@ bool debug_dispatch() {
 
 }  // namespace
 
-std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs) {
+std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs,
+                                        const std::optional<Shape>& known_out_shape) {
   const int mesh_ndim = inputs[0].mesh().ndim();
+  const Shape out_shape = known_out_shape ? *known_out_shape : output_shape(spec, inputs);
   std::vector<std::vector<MeshDimOption>> per_dim;
-  for (int m = 0; m < mesh_ndim; ++m) per_dim.push_back(options_for_mesh_dim(spec, inputs, m));
+  for (int m = 0; m < mesh_ndim; ++m) per_dim.push_back(options_for_mesh_dim(spec, inputs, m, shape_numel(out_shape)));
   std::vector<Strategy> strategies{Strategy{std::vector<Placements>(inputs.size()), {}}};
   for (int m = 0; m < mesh_ndim; ++m) {
     std::vector<Strategy> next;
@@ -156,7 +227,10 @@ std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vecto
   }
   // Several mesh dims may not give one input Partials of different kinds.
   std::erase_if(strategies, [](const Strategy& s) { return !redistribution::partials_compatible(s.output); });
-  for (Strategy& s : strategies) adopt_nesting(s, spec, inputs);
+  for (Strategy& s : strategies) {
+    unify_nesting(s, spec, inputs);
+    s.deferred_seconds = deferred_reduction_cost(s, out_shape, inputs);
+  }
   return strategies;
 }
 
@@ -172,7 +246,7 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
   double best_cost = 0;
   int best_changes = 0;
   for (size_t i = 0; i < strategies.size(); ++i) {
-    double cost = 0;
+    double cost = strategies[i].deferred_seconds;
     int changes = 0;
     for (size_t j = 0; j < inputs.size(); ++j) {
       cost += redistribution_cost(inputs[j], strategies[i].inputs[j]);
@@ -193,13 +267,43 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
   return best;
 }
 
+namespace {
+thread_local MoveMemo* active_memo = nullptr;
+}  // namespace
+
+MoveMemo::MoveMemo() : previous_(active_memo) { active_memo = this; }
+MoveMemo::~MoveMemo() { active_memo = previous_; }
+MoveMemo* MoveMemo::active() { return active_memo; }
+
+const Tensor* MoveMemo::find(const DistTensor& t, const Placements& placements) const {
+  for (const Entry& e : entries_) {
+    if (e.source.impl() == t.impl() && e.placements == placements) return &e.moved;
+  }
+  return nullptr;
+}
+
+void MoveMemo::add(const DistTensor& t, const Placements& placements, const Tensor& moved) {
+  entries_.push_back({t, placements, moved});
+}
+
 std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs) {
   NoGradGuard no_grad;
   std::vector<Tensor> locals;
   locals.reserve(inputs.size());
   for (size_t j = 0; j < inputs.size(); ++j) {
     const Placements& want = strategy.inputs[j];
-    locals.push_back(inputs[j].placements() == want ? inputs[j].to_local() : inputs[j].redistribute(want).to_local());
+    if (inputs[j].placements() == want) {
+      locals.push_back(inputs[j].to_local());
+      continue;
+    }
+    if (active_memo) {
+      if (const Tensor* moved = active_memo->find(inputs[j], want)) {
+        locals.push_back(*moved);
+        continue;
+      }
+    }
+    locals.push_back(inputs[j].redistribute(want).to_local());
+    if (active_memo) active_memo->add(inputs[j], want, locals.back());
   }
   return locals;
 }
@@ -254,6 +358,9 @@ DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& p
 const DeviceMesh& common_mesh(const std::vector<DistTensor>& inputs, const char* op) {
   DT_CHECK_ARG(!inputs.empty() && inputs[0].defined(), op, "expected defined DistTensors");
   const DeviceMesh& mesh = inputs[0].mesh();
+  DT_CHECK_ARG(mesh.is_member(), op, "this rank is not in mesh ", mesh.to_string(),
+               ", where the operands live: compute on their mesh's ranks, or move them here with "
+               "redistribute(mesh, placements)");
   for (size_t j = 1; j < inputs.size(); ++j) {
     DT_CHECK_ARG(inputs[j].defined(), op, "input ", j, " is an undefined DistTensor");
     DT_CHECK_ARG(inputs[j].mesh() == mesh, op, "operands live on different meshes: input 0 on ",
@@ -284,6 +391,7 @@ std::string describe(std::string_view op, const Strategy& s, const std::vector<D
     if (s.inputs[j] != inputs[j].placements()) os << "->" << placements_to_string(s.inputs[j]);
   }
   os << " => out " << placements_to_string(s.output) << ", redistribution cost " << total * 1e6 << " us";
+  if (s.deferred_seconds > 0) os << " (+" << s.deferred_seconds * 1e6 << " us to resolve the Partial output)";
   return os.str();
 }
 

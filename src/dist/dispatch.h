@@ -13,56 +13,81 @@
 // dim a strategy either replicates, or shards one letter (inputs with the letter
 // are sharded on its dim, the others replicated; the output is sharded on the
 // letter's dim, or Partial(sum) when the letter is contracted away), or passes a
-// Partial through an input the op is linear in.
+// Partial through an input the op is linear in, if the output is no larger than
+// that input (a Partial is resolved at the smallest tensor it reaches). A strategy
+// that creates a Partial is charged what resolving it costs beyond resolving a
+// sharded output (Strategy::deferred_seconds), so that keeping an operand in place
+// by leaving a large output Partial loses to moving a small operand now.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "dtensor/dist_tensor.h"
+#include "dtensor/sharding_rule.h"
 
 namespace dtensor::dispatch {
 
 struct Strategy {
   std::vector<Placements> inputs;
   Placements output;
+  // For the Partials this strategy creates (not those it passes through): the
+  // bandwidth an all-reduce needs beyond an all-gather of the output, charged when
+  // strategies are compared, so that keeping operands in place by leaving a large
+  // output Partial does not beat moving a small operand now (dispatch.cpp). 0
+  // without created Partials.
+  double deferred_seconds = 0;
 };
 
-// How an op passes Partial inputs through.
-enum class PartialRule : uint8_t {
-  None,     // every Partial input is reduced first (relu, exp, ...)
-  AllSame,  // all inputs Partial with the same linear op -> that op (add, sub)
-  OneOf,    // exactly one input Partial(sum/avg), the others replicated -> that op (mul, matmul)
-};
+// The rule type is public (sharding_rule.h): user ops use the same routine.
+using PartialRule = dtensor::PartialRule;
+using EinsumSpec = ShardingRule;
 
-// One letter per tensor dim of each input and of the output; '_' marks a dim that
-// is never sharded (a broadcast dim of size 1).
-struct EinsumSpec {
-  std::vector<std::string> inputs;
-  std::string output;
-  PartialRule partial = PartialRule::None;
-  // Which inputs may carry a Partial through (empty: all); div is linear in its
-  // numerator only.
-  std::vector<bool> partial_inputs;
-  // Letters that must not be sharded (e.g. the softmax dim).
-  std::string unshardable;
-  // How a sharded letter that the output drops combines: sum for contractions and
-  // sums, max/min for amax/amin.
-  ReduceOp contraction = ReduceOp::Sum;
-};
+// The output's global shape, when the caller knows it, sizes the Partial rules
+// (letters only the output has, as expand's stretched dims, cannot be derived
+// from the spec); without it each output letter takes its size from an input.
+std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs,
+                                        const std::optional<Shape>& out_shape = std::nullopt);
 
-std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs);
-
-// The index of the cheapest strategy for these inputs.
+// The index of the cheapest strategy for these inputs: the predicted seconds of
+// moving every input to the strategy's placements plus its deferred_seconds.
 size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vector<DistTensor>& inputs);
 
 // The inputs moved to the strategy's placements, as local tensors. The moves are
 // not recorded for autograd: every op records its own backward against its
 // original inputs.
 std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<DistTensor>& inputs);
+
+// While alive on this rank, local_inputs moves each (tensor, placements) pair
+// once: a second op that needs the same tensor in the same placements reuses the
+// result. A backward function opens one when it feeds one gradient to several ops
+// (matmul's backward multiplies its output gradient twice; a Partial gradient is
+// then all-reduced once, as in Megatron, not once per product). Scoped rather than
+// kept on the tensor, so no moved copy outlives the function that needed it.
+class MoveMemo {
+ public:
+  MoveMemo();
+  ~MoveMemo();
+  MoveMemo(const MoveMemo&) = delete;
+  MoveMemo& operator=(const MoveMemo&) = delete;
+  // The moved local tensor, if `t` was moved to `placements` in this scope.
+  const Tensor* find(const DistTensor& t, const Placements& placements) const;
+  void add(const DistTensor& t, const Placements& placements, const Tensor& moved);
+  static MoveMemo* active();
+
+ private:
+  struct Entry {
+    DistTensor source;  // held, so its address cannot be reused while the memo lives
+    Placements placements;
+    Tensor moved;
+  };
+  std::vector<Entry> entries_;
+  MoveMemo* previous_;
+};
 
 // Cached strategy choice. `attributes` distinguishes calls of one op that need
 // different strategies (dims, keepdim, ...). `build` (returning the candidate

@@ -129,13 +129,67 @@ Shape infer_global_shape(const std::vector<int64_t>& records, const DeviceMesh& 
 
 }  // namespace
 
+namespace {
+
+// FNV-1a over the piece's bytes.
+int64_t bytes_hash(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return static_cast<int64_t>(h);
+}
+
+// run_check: one all-gather of (hash, dtype, ndim, sizes) per rank, then every rank
+// compares each rank with the one at coordinate 0 of each Replicate or Partial mesh
+// dim (same data everywhere, so every rank reaches the same verdict).
+void check_consistent(const Tensor& local, const DeviceMesh& mesh, const Placements& placements) {
+  const char* op = "from_local";
+  DT_CHECK_ARG(static_cast<int64_t>(placements.size()) == mesh.ndim(), op, "expected ", mesh.ndim(),
+               " placements (one per mesh dim), got ", placements.size());
+  constexpr int64_t kFields = 3 + kMaxInferDims;
+  std::vector<int64_t> record(kFields, 0);
+  record[0] = bytes_hash(local);
+  record[1] = static_cast<int64_t>(local.dtype());
+  record[2] = local.dim();
+  for (int64_t d = 0; d < std::min(local.dim(), kMaxInferDims); ++d) record[3 + d] = local.size(d);
+  const std::vector<int64_t> all =
+      all_gather(mesh.group(), Tensor::from_vector(record), 0, std::vector<int64_t>(mesh.size(), kFields))
+          .to_vector<int64_t>();
+  const Shape& mesh_shape = mesh.shape();
+  for (int64_t r = 0; r < mesh.size(); ++r) {
+    const std::vector<int64_t> coordinate = coordinate_of(r, mesh_shape);
+    for (size_t m = 0; m < mesh_shape.size(); ++m) {
+      if (placements[m].is_shard() || coordinate[m] == 0) continue;
+      std::vector<int64_t> first = coordinate;
+      first[m] = 0;
+      int64_t q = 0;
+      for (size_t k = 0; k < mesh_shape.size(); ++k) q = q * mesh_shape[k] + first[k];
+      const int64_t* a = all.data() + q * kFields;
+      const int64_t* b = all.data() + r * kFields;
+      const bool same_meta = std::equal(a + 1, a + kFields, b + 1);
+      DT_CHECK_ARG(same_meta, op, "run_check: mesh ranks ", q, " and ", r, " differ along mesh dim ", m, " (",
+                   placements[m].to_string(), "), so their pieces must have one dtype and shape; they have ",
+                   dtype_name(static_cast<DType>(a[1])), " ", Shape(a + 3, a + 3 + std::min(a[2], kMaxInferDims)),
+                   " and ", dtype_name(static_cast<DType>(b[1])), " ",
+                   Shape(b + 3, b + 3 + std::min(b[2], kMaxInferDims)));
+      DT_CHECK_ARG(!placements[m].is_replicate() || a[0] == b[0], op, "run_check: mesh ranks ", q, " and ", r,
+                   " differ only along mesh dim ", m, ", which is Replicate, but their pieces are not bitwise "
+                   "equal; pass the same values on every rank of that dim (or place it as Partial or Shard)");
+    }
+  }
+}
+
+}  // namespace
+
 DistTensor DistTensor::from_local(const Tensor& local, const DeviceMesh& mesh,
                                   const Placements& placements,
-                                  const std::optional<Shape>& global_shape) {
+                                  const std::optional<Shape>& global_shape, FromLocalOptions options) {
   const char* op = "from_local";
   DT_CHECK_ARG(local.defined(), op, "expected a defined local tensor");
   DT_CHECK_ARG(mesh.defined() && mesh.is_member(), op, "this rank is not in mesh ",
                mesh.to_string(), "; only mesh ranks hold a DistTensor");
+  if (options.run_check) check_consistent(local, mesh, placements);
   if (global_shape) {
     const Placements normalized =
         validate_placements(placements, mesh.ndim(), static_cast<int64_t>(global_shape->size()), op);

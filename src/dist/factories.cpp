@@ -31,6 +31,12 @@ void check_member(const DeviceMesh& mesh, const char* op) {
                mesh.to_string(), "; only mesh ranks hold a DistTensor");
 }
 
+// On a rank outside the mesh: the tensor exists (shape, dtype, placements) but holds
+// nothing here (dist_tensor.h).
+DistTensor elsewhere(const Shape& shape, DType dtype, const DeviceMesh& mesh, Placements normalized) {
+  return wrap(Tensor::empty({0}, dtype), mesh, std::move(normalized), shape);
+}
+
 void check_shape(const Shape& shape, const char* op) {
   for (int64_t s : shape) DT_CHECK_ARG(s >= 0, op, "expected non-negative sizes, got shape ", shape);
 }
@@ -65,8 +71,9 @@ Tensor slice_block(const Tensor& full, const std::vector<Range>& block) {
 DistTensor distribute(const Tensor& full, const DeviceMesh& mesh, const Placements& placements) {
   const char* op = "distribute";
   DT_CHECK_ARG(full.defined(), op, "expected a defined tensor");
-  check_member(mesh, op);
+  DT_CHECK_ARG(mesh.defined(), op, "expected a defined mesh");
   Placements normalized = validate_placements(placements, mesh.ndim(), full.dim(), op);
+  if (!mesh.is_member()) return elsewhere(full.shape(), full.dtype(), mesh, std::move(normalized));
   const auto block = local_block(full.shape(), mesh.shape(), normalized, mesh.coordinate());
   // A copy even where a view would do: ranks that are threads of one process often
   // pass the same `full`, and an in-place update of one rank's piece (an optimizer
@@ -168,8 +175,9 @@ template <class Make>
 DistTensor make_local(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
                       DType dtype, const char* op, Make make) {
   check_shape(shape, op);
-  check_member(mesh, op);
+  DT_CHECK_ARG(mesh.defined(), op, "expected a defined mesh");
   Placements normalized = validate_placements(placements, mesh.ndim(), static_cast<int64_t>(shape.size()), op);
+  if (!mesh.is_member()) return elsewhere(shape, dtype, mesh, std::move(normalized));
   const auto block = local_block(shape, mesh.shape(), normalized, mesh.coordinate());
   Tensor local = holds_value(normalized, mesh.coordinate()) ? make(block)
                                                             : Tensor::zeros(lengths(block), dtype);

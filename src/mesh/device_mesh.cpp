@@ -6,6 +6,7 @@
 #include "dtensor/device_mesh.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "dtensor/error.h"
@@ -424,6 +425,19 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
   if (!impl_ || !other.impl_) return false;
   return impl_->shape == other.impl_->shape && impl_->ranks == other.impl_->ranks &&
          impl_->world == other.impl_->world;
+}
+
+const DeviceMesh& local_mesh() {
+  // Per rank: ranks of the threads backend are threads of one process.
+  thread_local const DeviceMesh mesh(self_group(), {1}, {"local"});
+  return mesh;
+}
+
+int64_t MeshSpec::size(std::string_view name) const {
+  for (size_t d = 0; d < names.size(); ++d) {
+    if (names[d] == name) return shape[d];
+  }
+  return 1;
 }
 
 }  // namespace dtensor

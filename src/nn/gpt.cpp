@@ -43,7 +43,7 @@ DistTensor GPT::forward(const DistTensor& ids) {
 
 DistTensor GPT::loss(const DistTensor& ids, const DistTensor& targets) {
   DT_CHECK_ARG(targets.shape() == ids.shape(), "GPT", "targets ", targets.shape(), " must match ids ", ids.shape());
-  const DistTensor logits = forward(ids);
+  const DistTensor logits = (*this)(ids);  // through the hooks (parallel styles, FSDP)
   const int64_t rows = ids.size(0) * ids.size(1);
   return cross_entropy(reshape(logits, {rows, config_.vocab}).to(DType::F32), reshape(targets, {rows}));
 }

@@ -7,10 +7,44 @@
 
 namespace dtensor::nn {
 
+namespace {
+
+template <class Hook>
+std::function<void()> remover(const std::shared_ptr<std::vector<std::pair<uint64_t, Hook>>>& list, uint64_t id) {
+  return [weak = std::weak_ptr(list), id] {
+    if (auto hooks = weak.lock()) std::erase_if(*hooks, [id](const auto& entry) { return entry.first == id; });
+  };
+}
+
+}  // namespace
+
+HookHandle Module::add_pre_hook(PreHook hook) {
+  pre_hooks_->emplace_back(next_hook_id_, std::move(hook));
+  return HookHandle(remover(pre_hooks_, next_hook_id_++));
+}
+
+HookHandle Module::add_post_hook(PostHook hook) {
+  post_hooks_->emplace_back(next_hook_id_, std::move(hook));
+  return HookHandle(remover(post_hooks_, next_hook_id_++));
+}
+
+void HookHandle::remove() {
+  if (remove_) remove_();
+  remove_ = nullptr;
+}
+
 DistTensor Module::operator()(const DistTensor& x) {
-  for (const PreHook& hook : pre_hooks_) hook(*this, x);
-  DistTensor y = forward(x);
-  for (const PostHook& hook : post_hooks_) hook(*this, x, y);
+  DistTensor in = x;
+  // Copies of the lists: a hook may remove itself (or others) while running.
+  const HookList<PreHook> pre = *pre_hooks_;
+  for (const auto& [_, hook] : pre) {
+    if (std::optional<DistTensor> replaced = hook(*this, in)) in = std::move(*replaced);
+  }
+  DistTensor y = forward(in);
+  const HookList<PostHook> post = *post_hooks_;
+  for (const auto& [_, hook] : post) {
+    if (std::optional<DistTensor> replaced = hook(*this, in, y)) y = std::move(*replaced);
+  }
   return y;
 }
 
@@ -53,6 +87,10 @@ int64_t Module::num_parameters() const {
   return n;
 }
 
+void Module::zero_grad() {
+  for (const auto& [_, p] : named_parameters()) p.zero_grad();
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [_, child] : children_) child->train(on);
@@ -64,24 +102,59 @@ std::map<std::string, Tensor> Module::state_dict() const {
   return out;
 }
 
-void Module::set_parameter(const std::string& dotted_name, const DistTensor& value) {
-  const size_t dot = dotted_name.find('.');
-  if (dot == std::string::npos) {
-    for (auto& [name, p] : params_) {
-      if (name != dotted_name) continue;
-      DT_CHECK_ARG(value.shape() == p.shape(), "set_parameter", "parameter '", dotted_name, "' has shape ",
-                   p.shape(), ", the new value ", value.shape());
-      p = value.detach();
-      p.set_requires_grad(true);
-      return;
+std::pair<Module*, std::string> Module::owner_of(const std::string& dotted_name) {
+  // Child names may contain dots themselves ("blocks.0"): the longest child name
+  // that prefixes the rest wins.
+  Module* module = this;
+  std::string rest = dotted_name;
+  for (;;) {
+    Module* next = nullptr;
+    size_t used = 0;
+    for (auto& [name, child] : module->children_) {
+      if (name.size() > used && rest.size() > name.size() && rest.compare(0, name.size(), name) == 0 &&
+          rest[name.size()] == '.') {
+        next = child.get();
+        used = name.size();
+      }
     }
-  } else {
-    const std::string head = dotted_name.substr(0, dot);
-    for (auto& [name, child] : children_) {
-      if (name == head) return child->set_parameter(dotted_name.substr(dot + 1), value);
-    }
+    if (!next) return {module, rest};
+    module = next;
+    rest = rest.substr(used + 1);
   }
-  throw std::invalid_argument("[set_parameter] no parameter named '" + dotted_name + "'");
+}
+
+DistTensor& Module::checked_slot(const std::string& dotted_name, const DistTensor& value, const char* op) {
+  auto [owner, name] = owner_of(dotted_name);
+  for (auto& [own, p] : owner->params_) {
+    if (own != name) continue;
+    DT_CHECK_ARG(value.defined(), op, "the new value of '", dotted_name, "' is undefined");
+    DT_CHECK_ARG(value.shape() == p.shape(), op, "parameter '", dotted_name, "' has shape ", p.shape(),
+                 ", the new value ", value.shape());
+    return p;
+  }
+  throw std::invalid_argument(std::string("[") + op + "] no parameter named '" + dotted_name + "'");
+}
+
+void Module::set_parameter(const std::string& dotted_name, const DistTensor& value) {
+  DistTensor& p = checked_slot(dotted_name, value, "set_parameter");
+  p = value.detach();
+  p.set_requires_grad(true);
+}
+
+DistTensor Module::swap_parameter(const std::string& dotted_name, const DistTensor& value) {
+  DistTensor& p = checked_slot(dotted_name, value, "swap_parameter");
+  DistTensor previous = p;
+  p = value;
+  return previous;
+}
+
+Module& Module::submodule(const std::string& dotted_name) {
+  if (dotted_name.empty()) return *this;
+  auto [owner, name] = owner_of(dotted_name);
+  for (auto& [own, child] : owner->children_) {
+    if (own == name) return *child;
+  }
+  throw std::invalid_argument("[submodule] no module named '" + dotted_name + "'");
 }
 
 void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {

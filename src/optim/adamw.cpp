@@ -1,6 +1,7 @@
 // AdamW: Adam with decoupled weight decay and bias correction (torch.optim.AdamW).
 #include <cmath>
 
+#include "backend/kernels.h"
 #include "dtensor/optim.h"
 #include "dtensor/tensor_ops.h"
 
@@ -35,6 +36,15 @@ Tensor AdamW::update(const Tensor& param, const Tensor& grad, const ParamState& 
   const AdamWOptions& o = options_;
   Tensor m = local_state.at("exp_avg");
   Tensor v = local_state.at("exp_avg_sq");
+  // The fused kernel updates param, m and v in place in one pass (F32 state, the
+  // usual case, master weights included); returning param makes the caller's copy a
+  // no-op. Other dtypes and layouts compose the same formulas from ops below.
+  // A strided gradient (a transposed weight's, say) is made contiguous so that every
+  // F32 parameter takes the one fused formula: mixing it with the composed one
+  // below would round differently per layout.
+  Tensor p = param;
+  const backend::AdamWStep fused{lr(), o.beta1, o.beta2, o.eps, o.weight_decay, state.step};
+  if (backend::kernels_for(param.device()).adamw_step(fused, p, grad.contiguous(), m, v)) return param;
   // Decoupled decay acts on the parameter before the Adam step, as PyTorch does.
   const Tensor decayed = o.weight_decay != 0 ? mul(param, 1.0 - lr() * o.weight_decay) : param;
   m.copy_(add(mul(m, o.beta1), mul(grad, 1.0 - o.beta1)));

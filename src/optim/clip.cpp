@@ -56,7 +56,11 @@ double grad_norm(const std::vector<DistTensor>& params) {
 
 double clip_grad_norm(const std::vector<DistTensor>& params, double max_norm) {
   DT_CHECK_ARG(max_norm > 0, "clip_grad_norm", "expected max_norm > 0, got ", max_norm);
-  const double total = grad_norm(params);
+  return clip_grad_norm(params, max_norm, grad_norm(params));
+}
+
+double clip_grad_norm(const std::vector<DistTensor>& params, double max_norm, double total) {
+  DT_CHECK_ARG(max_norm > 0, "clip_grad_norm", "expected max_norm > 0, got ", max_norm);
   if (!std::isfinite(total)) return total;
   // The 1e-6 keeps a zero norm from dividing by zero, as torch.nn.utils.clip_grad_norm_.
   const double coefficient = max_norm / (total + 1e-6);

@@ -9,7 +9,7 @@ namespace dtensor {
 
 DistTensor LossScaler::scale(const DistTensor& loss) const { return mul(loss, scale_); }
 
-bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params) {
+bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params, const Group* group) {
   bool local_inf = false;
   const DeviceMesh* mesh = nullptr;
   for (const DistTensor& p : params) {
@@ -23,9 +23,9 @@ bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params) {
     local_inf |= !std::isfinite(total);
   }
   found_inf_ = local_inf;
-  if (mesh) {
+  if (group || mesh) {
     Tensor flag = Tensor::full({1}, local_inf ? 1.0 : 0.0);
-    all_reduce_(mesh->group(), flag, ReduceOp::Max);
+    all_reduce_(group ? *group : mesh->group(), flag, ReduceOp::Max);
     found_inf_ = flag.item<float>() > 0;
   }
   return !found_inf_;

@@ -32,8 +32,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
   state_->dp_dim = options_.dp_dim.empty() ? 0 : mesh.dim_index(options_.dp_dim);
   for (const DistTensor& p : state_->params) {
     DT_CHECK_ARG(p.mesh() == mesh, "DistributedDataParallel", "parameters live on different meshes");
-    DT_CHECK_ARG(p.placements()[state_->dp_dim].is_replicate(), "DistributedDataParallel",
-                 "expected parameters replicated over the data-parallel dim, got ",
+    DT_CHECK_ARG(!p.placements()[state_->dp_dim].is_partial(), "DistributedDataParallel",
+                 "expected parameters replicated or sharded over the data-parallel dim, got ",
                  placements_to_string(p.placements()));
   }
   // Buckets in reverse registration order: backward produces the last layers'

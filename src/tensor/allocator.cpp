@@ -57,10 +57,21 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   counter_->add(static_cast<int64_t>(bytes));
 }
 
-Storage::~Storage() {
+Storage::~Storage() { release_memory(); }
+
+void Storage::release_memory() {
   if (!data_) return;
   backend::device_free(device_, data_, bytes_);
   counter_->remove(static_cast<int64_t>(bytes_));
+  data_ = nullptr;
+}
+
+void Storage::restore_memory() {
+  if (holds_memory()) return;
+  data_ = backend::device_allocate(device_, bytes_);
+  // Charged to the rank that restores it (the one that released it, in practice).
+  counter_ = counter_for(device_);
+  counter_->add(static_cast<int64_t>(bytes_));
 }
 
 }  // namespace dtensor

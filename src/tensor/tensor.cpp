@@ -82,7 +82,15 @@ bool Tensor::shares_storage(const Tensor& other) const {
 void* Tensor::data_ptr() const {
   const Impl& impl = checked(impl_);
   auto* base = static_cast<char*>(impl.storage->data());
-  return base ? base + impl.offset * static_cast<int64_t>(dtype_size(impl.dtype)) : nullptr;
+  if (!base) {
+    if (!impl.storage->holds_memory()) {
+      throw std::runtime_error("[tensor] the memory of this " + shape_to_string(impl.shape) +
+                               " tensor was released (Storage::release_memory, e.g. a parameter FSDP resharded "
+                               "after forward) and not restored");
+    }
+    return nullptr;
+  }
+  return base + impl.offset * static_cast<int64_t>(dtype_size(impl.dtype));
 }
 
 namespace detail {

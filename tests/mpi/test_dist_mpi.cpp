@@ -69,6 +69,172 @@ TEST(DistMpi, TensorParallelMlpForwardAndBackward) {
   EXPECT_TRUE(allclose(w2.grad().full_tensor(), gw2, 1e-4, 1e-4));
 }
 
+// Megatron tensor parallelism (and DP x TP on 4 processes) trains a GPT to the same
+// losses and parameters as one rank (threads backend, in this process).
+std::pair<std::vector<double>, std::map<std::string, Tensor>> train_gpt_steps(const DeviceMesh& mesh, bool sp) {
+  nn::GPTConfig config;
+  config.vocab = 16;
+  config.block_size = 8;
+  config.layers = 2;
+  config.heads = 4;
+  config.dim = 16;
+  config.bias = false;
+  nn::GPT model(mesh, config, 42);
+  const bool two_d = mesh.ndim() == 2;
+  if (mesh["tp"].size() > 1) {
+    parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config, {.sequence_parallel = sp}));
+  }
+  std::optional<parallel::DistributedDataParallel> ddp;
+  if (two_d) ddp.emplace(model, parallel::DDPOptions{.dp_dim = "dp"});
+  AdamW optimizer(model.parameters(), 1e-2);
+  SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
+  const int64_t dp = two_d ? mesh.size(0) : 1;
+  DistributedSampler sampler(data.size(), 8, two_d ? mesh.coordinate(0) : 0, dp, 5);
+  const Placements layout = two_d ? Placements{Shard(0), Replicate()} : Placements{Replicate()};
+  std::vector<double> losses;
+  for (int step = 0; step < 5; ++step) {
+    const TokenBatch batch = data.get_batch(sampler.batch_at(step));
+    const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, Shape{8, 8});
+    const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, Shape{8, 8});
+    const DistTensor loss = model.loss(ids, targets);
+    loss.backward();
+    if (ddp) ddp->wait_for_gradients();
+    optimizer.step();
+    optimizer.zero_grad();
+    losses.push_back(loss.full_tensor().item<double>());
+  }
+  return {losses, model.state_dict()};
+}
+
+TEST(DistMpi, GptTensorParallelMatchesOneRank) {
+  Group world = init("mpi");
+  std::pair<std::vector<double>, std::map<std::string, Tensor>> reference;
+  launch(1, [&](Group one) { reference = train_gpt_steps(DeviceMesh(one, {1}, {"tp"}), false); });
+  std::vector<DeviceMesh> meshes{DeviceMesh(world, {world.size()}, {"tp"})};
+  if (world.size() == 4) meshes.emplace_back(world, Shape{2, 2}, std::vector<std::string>{"dp", "tp"});
+  for (const DeviceMesh& mesh : meshes) {
+    for (bool sp : {false, true}) {
+      const auto [losses, params] = train_gpt_steps(mesh, sp);
+      for (size_t i = 0; i < losses.size(); ++i) {
+        EXPECT_NEAR(losses[i], reference.first[i], 1e-5 * reference.first[i]) << mesh.to_string() << " step " << i;
+      }
+      for (const auto& [name, t] : reference.second) {
+        EXPECT_TRUE(allclose(params.at(name), t, 1e-5, 1e-6)) << mesh.to_string() << " " << name;
+      }
+    }
+  }
+}
+
+namespace {
+
+// `steps` SGD steps of a small GPT with an odd vocabulary (uneven shards) on `mesh`
+// (FSDP over its "dp" dim, HSDP with a "replicate" dim; none: one rank). Returns the
+// losses and the full parameters.
+std::pair<std::vector<double>, std::map<std::string, Tensor>> train_fsdp_gpt_steps(
+    const DeviceMesh& mesh, std::optional<parallel::FSDPOptions> fsdp, int steps) {
+  nn::GPTConfig c;
+  c.vocab = 17;
+  c.block_size = 6;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 10;
+  c.bias = false;
+  nn::GPT model(mesh, c, 3);
+  std::optional<parallel::FSDPModule> root;
+  if (fsdp) {
+    for (auto& [name, m] : model.named_modules()) {
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, *fsdp);
+    }
+    root = parallel::fully_shard(model, mesh, *fsdp);
+  }
+  SGD optimizer(model.parameters(), 0.5, 0.9);
+  parallel::Trainer trainer(optimizer, {.grad_accum = 2, .clip_grad_norm = 1.0, .sync = root ? &*root : nullptr});
+  SyntheticLanguage data(c.vocab, c.block_size, 64, 1);
+  DistributedSampler sampler(data.size(), 8, mesh.linear_index(), mesh.size(), 2, true, 2);
+  const Placements batch(mesh.ndim(), Shard(0));
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    losses.push_back(trainer.step(step, [&](int64_t micro) {
+      const TokenBatch b = data.get_batch(sampler.micro_batch_at(step, micro));
+      return model.loss(DistTensor::from_local(b.inputs, mesh, batch, Shape{4, c.block_size}),
+                        DistTensor::from_local(b.targets, mesh, batch, Shape{4, c.block_size}));
+    }).stats.loss);
+  }
+  return {losses, model.state_dict()};
+}
+
+}  // namespace
+
+TEST(DistMpi, FsdpStagesAndHsdpMatchOneRank) {
+  Group world = init("mpi");
+  std::pair<std::vector<double>, std::map<std::string, Tensor>> reference;
+  launch(1, [&](Group one) { reference = train_fsdp_gpt_steps(DeviceMesh(one, {1}, {"dp"}), std::nullopt, 4); });
+  std::vector<std::pair<std::string, DeviceMesh>> meshes{{"dp", DeviceMesh(world, {world.size()}, {"dp"})}};
+  if (world.size() == 4) meshes.emplace_back("hsdp", DeviceMesh(world, {2, 2}, {"replicate", "dp"}));
+  for (const auto& [what, mesh] : meshes) {
+    for (int stage : {1, 2, 3}) {
+      parallel::FSDPOptions options{.stage = stage, .replicate_dim = what == "hsdp" ? "replicate" : ""};
+      const auto [losses, params] = train_fsdp_gpt_steps(mesh, options, 4);
+      for (size_t i = 0; i < losses.size(); ++i) {
+        EXPECT_NEAR(losses[i], reference.first[i], 1e-5 * reference.first[i]) << what << " stage " << stage;
+      }
+      for (const auto& [name, t] : reference.second) {
+        EXPECT_TRUE(allclose(params.at(name), t, 1e-5, 1e-6)) << what << " stage " << stage << " " << name;
+      }
+    }
+  }
+}
+
+// Across meshes between processes: the first half of the ranks hands a tensor to
+// the second half (a pipeline stage's activations), values and gradient; and the
+// whole world to itself in another shape.
+TEST(DistMpi, RedistributeAcrossMeshes) {
+  Group world = init("mpi");
+  const int half = world.size() / 2;
+  std::vector<int> first, second;
+  for (int r = 0; r < world.size(); ++r) (r < half ? first : second).push_back(r);
+  const DeviceMesh front = DeviceMesh::from_ranks(world, first, {half}, {"front"});
+  const DeviceMesh back = DeviceMesh::from_ranks(world, second, {static_cast<int64_t>(second.size())}, {"back"});
+  const Tensor full = Tensor::randn({5, 3}, 7), weight = Tensor::randn({5, 3}, 8);
+  for (const Placement& from : {Shard(0), Replicate()}) {
+    for (const Placement& to : {Shard(1), Replicate(), Partial()}) {
+      DistTensor x = distribute(full, front, {from});
+      x.set_requires_grad();
+      const DistTensor y = x.redistribute(back, {to});
+      if (back.is_member()) {
+        EXPECT_TRUE(allclose(y.full_tensor(), full, 1e-6, 1e-6)) << from.to_string() << " -> " << to.to_string();
+        sum(mul(y, distribute(weight, back, {Replicate()}))).backward();
+      } else {
+        y.backward();
+      }
+      if (front.is_member()) EXPECT_TRUE(allclose(x.grad().full_tensor(), weight, 1e-6, 1e-6));
+    }
+  }
+  if (world.size() == 4) {
+    const DeviceMesh line(world, {4}), square(world, {2, 2});
+    const DistTensor u = distribute(full, line, {Shard(0)}).redistribute(square, {Shard(1), Shard(0)});
+    EXPECT_TRUE(allclose(u.full_tensor(), full, 0, 0));
+  }
+}
+
+// local_map and a user op with its own sharding rule, on processes.
+TEST(DistMpi, LocalMapAndCustomOp) {
+  Group world = init("mpi");
+  DeviceMesh mesh(world, {world.size()});
+  const Tensor xf = add(Tensor::rand({7, 3}, 1), 0.5);
+  DistTensor x = distribute(xf, mesh, {Shard(1)});
+  x.set_requires_grad();
+  const std::vector<DistTensor> out = local_map(
+      [](const std::vector<DistTensor>& p) { return std::vector<DistTensor>{div(p[0], sum(p[0], {1}, true))}; },
+      {{Shard(0)}}, {{Shard(0)}}, {x});
+  EXPECT_TRUE(allclose(out[0].full_tensor(), div(xf, sum(xf, {1}, true)), 1e-6, 1e-6));
+  sum(out[0]).backward();
+  EXPECT_EQ(x.grad().shape(), (Shape{7, 3}));
+  static const CustomOp scaled{"mpi.scaled", ShardingRule::parse("ab->ab"),
+                               [](const std::vector<Tensor>& l) { return mul(l[0], 3.0); }};
+  EXPECT_TRUE(allclose(scaled({x}).full_tensor(), mul(xf, 3.0), 1e-6, 1e-6));
+}
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   Group world = init("mpi");

@@ -117,6 +117,7 @@ class SelfAttention : public Module {
   SelfAttention(const DeviceMesh& mesh, int64_t dim, int64_t heads, bool bias, double dropout, uint64_t seed,
                 double out_init_std);
   DistTensor forward(const DistTensor& x) override;
+  int64_t heads() const { return heads_; }
 
  private:
   int64_t dim_, heads_;

@@ -6,17 +6,35 @@
 // (DDP, later FSDP and tensor parallel) change the layouts, not the values.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "dtensor/dist_tensor.h"
 
 namespace dtensor::nn {
+
+class Module;
+
+// Returned by the hook registrations; remove() unregisters the hook (idempotent,
+// safe after the module is gone).
+class HookHandle {
+ public:
+  HookHandle() = default;
+  void remove();
+
+ private:
+  friend class Module;
+  explicit HookHandle(std::function<void()> remove) : remove_(std::move(remove)) {}
+  std::function<void()> remove_;
+};
 
 class Module {
  public:
@@ -36,6 +54,9 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules();
   int64_t num_parameters() const;  // global element count
 
+  // Drops every parameter's gradient.
+  void zero_grad();
+
   void train(bool on = true);
   void eval() { train(false); }
   bool training() const { return training_; }
@@ -46,14 +67,50 @@ class Module {
   // missing and unexpected names and shape mismatches are errors naming them.
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
 
-  using PreHook = std::function<void(Module&, const DistTensor& input)>;
-  using PostHook = std::function<void(Module&, const DistTensor& input, const DistTensor& output)>;
-  void register_forward_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
-  void register_forward_post_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+  // Forward hooks run in registration order around forward(). A pre-hook sees the
+  // input and may replace it; a post-hook sees the input forward got and the
+  // output, and may replace the output. A hook returns the replacement, or
+  // std::nullopt to keep what it saw; hooks returning void only observe. Tensor
+  // parallel styles move inputs and outputs between layouts this way.
+  using PreHook = std::function<std::optional<DistTensor>(Module&, const DistTensor& input)>;
+  using PostHook =
+      std::function<std::optional<DistTensor>(Module&, const DistTensor& input, const DistTensor& output)>;
+  template <class F>
+  HookHandle register_forward_pre_hook(F&& hook) {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, Module&, const DistTensor&>>) {
+      return add_pre_hook([h = std::forward<F>(hook)](Module& m, const DistTensor& in) -> std::optional<DistTensor> {
+        h(m, in);
+        return std::nullopt;
+      });
+    } else {
+      return add_pre_hook(PreHook(std::forward<F>(hook)));
+    }
+  }
+  template <class F>
+  HookHandle register_forward_post_hook(F&& hook) {
+    if constexpr (std::is_void_v<std::invoke_result_t<F&, Module&, const DistTensor&, const DistTensor&>>) {
+      return add_post_hook([h = std::forward<F>(hook)](Module& m, const DistTensor& in,
+                                                       const DistTensor& out) -> std::optional<DistTensor> {
+        h(m, in, out);
+        return std::nullopt;
+      });
+    } else {
+      return add_post_hook(PostHook(std::forward<F>(hook)));
+    }
+  }
 
   // Replaces a parameter's tensor (same name; e.g. a parallel wrapper changing its
-  // layout). The new tensor becomes a leaf that requires grad.
+  // layout). The new tensor becomes a leaf that requires grad. Names are the ones
+  // named_parameters() gives ("blocks.0.attn.q.weight").
   void set_parameter(const std::string& dotted_name, const DistTensor& value);
+  // Stores `value` itself as the parameter (no detach, requires_grad untouched) and
+  // returns the handle it replaces: for wrappers that let forward compute with a
+  // stand-in (FSDP installs the gathered parameter, the output of its all-gather
+  // node, before a module's forward and puts the sharded leaf back after). Same
+  // name and shape checks as set_parameter.
+  DistTensor swap_parameter(const std::string& dotted_name, const DistTensor& value);
+  // The sub-module at a name named_modules() gives ("" is this module).
+  Module& submodule(const std::string& dotted_name);
 
  protected:
   // Registers a parameter (made a leaf that requires grad) and returns it.
@@ -68,8 +125,18 @@ class Module {
   // A deque: layers keep pointers to their parameters, which push_back must not move.
   std::deque<std::pair<std::string, DistTensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
-  std::vector<PreHook> pre_hooks_;
-  std::vector<PostHook> post_hooks_;
+  // The module that owns the last component of a dotted name, and that component.
+  std::pair<Module*, std::string> owner_of(const std::string& dotted_name);
+  // The slot of parameter `dotted_name`, after checking that `value` may replace it.
+  DistTensor& checked_slot(const std::string& dotted_name, const DistTensor& value, const char* op);
+  template <class Hook>
+  using HookList = std::vector<std::pair<uint64_t, Hook>>;
+  HookHandle add_pre_hook(PreHook hook);
+  HookHandle add_post_hook(PostHook hook);
+  // Shared so that a HookHandle can outlive the module.
+  std::shared_ptr<HookList<PreHook>> pre_hooks_ = std::make_shared<HookList<PreHook>>();
+  std::shared_ptr<HookList<PostHook>> post_hooks_ = std::make_shared<HookList<PostHook>>();
+  uint64_t next_hook_id_ = 0;
   bool training_ = true;
 };
 

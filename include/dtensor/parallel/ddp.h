@@ -9,6 +9,11 @@
 // local Partial values into one buffer and starts an asynchronous all-reduce, so
 // communication runs while backward goes on. wait_for_gradients() finishes the
 // all-reduces and leaves each gradient Replicate over the data-parallel dim.
+//
+// Parameters sharded over the data-parallel dim (FSDP layouts, or a weight the user
+// distributed with Shard) are accepted: their gradients come out of backward in their
+// own layout (the backward of the all-gather reduce-scatters), and DDP all-reduces
+// only gradients that are Partial over the data-parallel dim.
 #pragma once
 
 #include <memory>
@@ -17,6 +22,7 @@
 
 #include "dtensor/group.h"
 #include "dtensor/nn/module.h"
+#include "dtensor/parallel/trainer.h"
 
 namespace dtensor::parallel {
 
@@ -36,10 +42,10 @@ struct DDPStats {
   int64_t buckets = 0;
 };
 
-class DistributedDataParallel {
+class DistributedDataParallel : public GradientSync {
  public:
   DistributedDataParallel(nn::Module& module, DDPOptions options = {});
-  ~DistributedDataParallel();
+  ~DistributedDataParallel() override;
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
@@ -61,6 +67,10 @@ class DistributedDataParallel {
     DistributedDataParallel& ddp_;
   };
   NoSync no_sync() { return NoSync(*this); }
+  // GradientSync (parallel::Trainer): the same switch as no_sync, and
+  // wait_for_gradients.
+  void set_accumulating(bool accumulating) override { sync_ = !accumulating; }
+  void finish_gradient_sync() override { wait_for_gradients(); }
 
   const DDPStats& stats() const { return stats_; }
   int64_t num_buckets() const;

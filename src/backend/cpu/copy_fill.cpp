@@ -3,18 +3,58 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/vec_kernels.h"
 #include "dtensor/random.h"
 
 namespace dtensor::backend::cpu {
 
+namespace {
+
+// Elements per piece of a copy split over the rank's threads.
+constexpr int64_t kCopyGrain = int64_t{1} << 16;
+
+void copy_serial(const Tensor& src, Tensor& dst);
+
+}  // namespace
+
+// Large copies are split over the rank's threads; contiguous F32 <-> BF16 (the
+// casts of mixed precision) take the vector conversions of vec_kernels.h.
 void copy(const Tensor& src, Tensor& dst) {
   assert(src.shape() == dst.shape());
   if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
     if (src.numel() > 0 && src.data_ptr() != dst.data_ptr()) {
-      std::memmove(dst.data_ptr(), src.data_ptr(), src.nbytes());
+      const char* from = static_cast<const char*>(src.data_ptr());
+      char* to = static_cast<char*>(dst.data_ptr());
+      const size_t bytes = src.nbytes();
+      // Overlapping buffers (a shift within one storage) stay one memmove.
+      if (to + bytes <= from || from + bytes <= to) {
+        parallel_for(static_cast<int64_t>(bytes), kCopyGrain * 4, [&](int64_t b, int64_t e) {
+          std::memcpy(to + b, from + b, static_cast<size_t>(e - b));
+        });
+      } else {
+        std::memmove(to, from, bytes);
+      }
     }
     return;
   }
+  const bool f32_bf16 = (src.dtype() == DType::F32 && dst.dtype() == DType::BF16) ||
+                        (src.dtype() == DType::BF16 && dst.dtype() == DType::F32);
+  if (f32_bf16 && src.is_contiguous() && dst.is_contiguous()) {
+    parallel_for(src.numel(), kCopyGrain, [&](int64_t b, int64_t e) {
+      if (src.dtype() == DType::F32) {
+        f32_to_bf16(static_cast<const float*>(src.data_ptr()) + b, static_cast<bf16*>(dst.data_ptr()) + b, e - b);
+      } else {
+        bf16_to_f32(static_cast<const bf16*>(src.data_ptr()) + b, static_cast<float*>(dst.data_ptr()) + b, e - b);
+      }
+    });
+    return;
+  }
+  parallel_pieces<2>({&dst, &src}, kCopyGrain, [](std::array<Tensor, 2>& p) { copy_serial(p[1], p[0]); });
+}
+
+namespace {
+
+void copy_serial(const Tensor& src, Tensor& dst) {
   if (src.dtype() == dst.dtype()) {
     // Same dtype: move the stored bits (no F32 round trip for the halves).
     switch (dtype_size(src.dtype())) {
@@ -32,6 +72,8 @@ void copy(const Tensor& src, Tensor& dst) {
     });
   });
 }
+
+}  // namespace
 
 void fill(Tensor& dst, double value) {
   visit_dtype(dst.dtype(), [&](auto tag) {

@@ -75,6 +75,19 @@ class CpuKernels final : public Kernels {
                               int64_t ignore_index, Tensor& grad_logits) override {
     cpu::cross_entropy_backward(grad_rows, logits, targets, ignore_index, grad_logits);
   }
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
+                 Tensor& lse) override {
+    cpu::attention(q, k, v, causal, scale, out, lse);
+  }
+  void attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, bool causal, double scale, Tensor& gq, Tensor& gk,
+                          Tensor& gv) override {
+    cpu::attention_backward(g, q, k, v, out, lse, causal, scale, gq, gk, gv);
+  }
+  bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                  Tensor& exp_avg_sq) override {
+    return cpu::adamw_step(step, param, grad, exp_avg, exp_avg_sq);
+  }
 };
 
 }  // namespace

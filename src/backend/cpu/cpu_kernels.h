@@ -3,9 +3,14 @@
 //   copy_fill.cpp   copy with dtype conversion, fill, random fills, arange
 //   pointwise.cpp   unary, binary, where
 //   reduce.cpp      sum/mean/max/min, var, argmax
-//   gemm.cpp        matmul through OpenBLAS
+//   gemm.cpp        matmul: the engines (gemm_engine.h), their choice, the split over cores
 //   nn.cpp          softmax, norms, activations' backward, embedding, cross-entropy
+//   attention.cpp   fused attention (online softmax over key tiles), forward and backward
+//   optim.cpp       the fused AdamW step
 #pragma once
+
+#include <string>
+#include <vector>
 
 #include "backend/kernels.h"
 
@@ -47,9 +52,27 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
 void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets,
                             int64_t ignore_index, Tensor& grad_logits);
 
-// OpenBLAS threads for this process: max(1, hardware threads / ranks on this host),
-// so simulated ranks (threads) or co-located processes do not oversubscribe cores.
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
+               Tensor& lse);
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, bool causal, double scale, Tensor& grad_q, Tensor& grad_k,
+                        Tensor& grad_v);
+
+bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq);
+
+// The per-rank core budget of every CPU kernel, GEMM included (parallel.h):
+// max(1, usable cores / ranks on this host), so simulated ranks (threads) or
+// co-located processes do not oversubscribe cores. DTENSOR_NUM_THREADS overrides.
 void configure_blas_threads(int ranks_on_host);
 int blas_threads();
+
+// C = op(A) op(B) (beta 0 or 1) on raw row-major F32 operands, on the calling
+// thread only (for kernels that run GEMMs inside their own tasks, e.g. attention
+// tiles): the engine is chosen per shape by measurement as for matmul.
+struct GemmArgs;
+void gemm_f32(const GemmArgs& g, const float* a, const float* b, float* c);
+
+// One line per GEMM signature seen: the route chosen and the measured candidates.
+std::vector<std::string> gemm_choices();
 
 }  // namespace dtensor::backend::cpu

@@ -1,94 +1,453 @@
-// Matrix multiply on the CPU through OpenBLAS, and the BLAS thread policy.
+// Matrix multiply on the CPU: operand layouts, the split over the rank's cores, and
+// the choice of GEMM engine by measurement.
 //
-// Strided operands go to BLAS without copies whenever one of their two matrix dims
-// has unit stride (row-major as is, or transposed); only other layouts are copied.
-// BF16/F16 are computed through F32, as the CPU has no native half GEMM here.
-#include <cblas.h>
-
+// Layouts: strided operands go to the engine without copies whenever one of their
+// two matrix dims has unit stride (row-major as is, or transposed); only other
+// layouts are copied.
+//
+// Threads: a call is cut into tasks for the rank's pool (parallel.h): whole batch
+// entries when there are enough of them, else row blocks of the output (column
+// blocks when it is wider than tall); each task calls the engine single-threaded.
+//
+// Engine choice: no table of CPU models decides which library is fast here. The
+// first call of each GEMM signature (dtype, transposes, batch, m, n, k, threads)
+// runs every candidate route on the call's own operands into a scratch output (one
+// warm-up run each, then kTimedRounds interleaved rounds; the cost of a run is its
+// CPU time over all threads, which other processes on the machine do not inflate)
+// and pins the signature to the cheapest; a route must beat the
+// default (OpenBLAS) by 5% to replace it. The real output is
+// always written by the chosen route, so results never depend on the order of calls,
+// and all ranks of a process share the table. A training step repeats a dozen
+// shapes, so tuning is a one-time cost of a few dozen GEMMs. Routes: F32 and F64
+// every engine that has the dtype; BF16 the engines with a native BF16 GEMM on this
+// CPU (AVX512-BF16 or AMX) and conversion to F32; F16 conversion to F32. GEMMs under
+// 2^18 multiply-adds are not tuned (the default route: their time is overhead).
+// DTENSOR_GEMM_ENGINE=openblas|onednn|blis pins one engine (reproducible numerics
+// for comparisons; a dtype it lacks falls back to OpenBLAS).
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <optional>
-#include <thread>
+#include <sstream>
+#include <string>
+#include <unordered_map>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm_engine.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/vec_kernels.h"
 
 namespace dtensor::backend::cpu {
+
+const std::vector<std::unique_ptr<GemmEngine>>& gemm_engines() {
+  static const auto* engines = [] {
+    auto* list = new std::vector<std::unique_ptr<GemmEngine>>;
+    for (auto make : {make_openblas_engine, make_onednn_engine, make_blis_engine}) {
+      if (auto engine = make()) list->push_back(std::move(engine));
+    }
+    return list;
+  }();
+  return *engines;
+}
+
 namespace {
 
-// How one [rows, cols] operand is handed to a row-major BLAS call.
-struct BlasOperand {
-  CBLAS_TRANSPOSE trans = CblasNoTrans;
+// How one [rows, cols] operand is handed to a row-major GEMM.
+struct Operand {
+  bool trans = false;
   int64_t ld = 1;
 };
 
 // Row-major as is (unit column stride) or transposed (unit row stride). A size-1
 // dim's stride is meaningless, so it never disqualifies a layout.
-std::optional<BlasOperand> blas_layout(int64_t rows, int64_t cols, int64_t row_stride,
-                                       int64_t col_stride) {
+std::optional<Operand> gemm_layout(int64_t rows, int64_t cols, int64_t row_stride, int64_t col_stride) {
   if (col_stride == 1 || cols == 1) {
     const int64_t ld = rows == 1 ? std::max<int64_t>(cols, 1) : row_stride;
-    if (ld >= std::max<int64_t>(cols, 1)) return BlasOperand{CblasNoTrans, ld};
+    if (ld >= std::max<int64_t>(cols, 1)) return Operand{false, ld};
   }
   if (row_stride == 1 || rows == 1) {
     const int64_t ld = cols == 1 ? std::max<int64_t>(rows, 1) : col_stride;
-    if (ld >= std::max<int64_t>(rows, 1)) return BlasOperand{CblasTrans, ld};
+    if (ld >= std::max<int64_t>(rows, 1)) return Operand{true, ld};
   }
   return std::nullopt;
 }
 
+// A [batch, rows, cols] operand in a layout an engine reads (copied once if not).
+struct Prepared {
+  Tensor t;
+  Operand op;
+};
+Prepared prepare(const Tensor& x) {
+  if (auto op = gemm_layout(x.size(1), x.size(2), x.stride(1), x.stride(2))) return {x, *op};
+  const Tensor c = x.contiguous();
+  return {c, *gemm_layout(c.size(1), c.size(2), c.stride(1), c.stride(2))};
+}
+
+// ---- routes and their measurement --------------------------------------------------
+
+// A way to run a signature: an engine's own kernel for the dtype, or (BF16/F16)
+// conversion to F32 and the F32 route chosen for the same shape.
+struct Route {
+  int engine = 0;
+  bool via_f32 = false;
+};
+
+struct Signature {
+  DType dtype;
+  bool trans_a, trans_b;
+  int64_t batch, m, n, k;
+  int threads;  // tasks the call is split into (1: a single-threaded call)
+  bool operator==(const Signature&) const = default;
+};
+
+struct SignatureHash {
+  size_t operator()(const Signature& s) const {
+    size_t h = static_cast<size_t>(s.dtype) * 4 + (s.trans_a ? 2 : 0) + (s.trans_b ? 1 : 0);
+    for (int64_t v : {s.batch, s.m, s.n, s.k, static_cast<int64_t>(s.threads)}) {
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    }
+    return h;
+  }
+};
+
+constexpr int kTimedRounds = 4;
+// GEMMs smaller than this (multiply-adds) are not tuned: they take the default
+// route, as their time is all call overhead.
+constexpr int64_t kMinTunedWork = int64_t{1} << 18;
+// A route must beat the default by this much to replace it: near-ties stay on one
+// engine, so that ranks of one process, and mostly separate processes too, agree.
+constexpr double kSwitchMargin = 0.95;
+
+struct Tuning {
+  std::vector<Route> routes;
+  std::vector<double> best;  // shortest measured call per route (seconds)
+  int chosen = -1;
+  bool measuring = false;
+};
+
+std::optional<int> pinned_engine() {
+  static const std::optional<int> pinned = []() -> std::optional<int> {
+    const char* want = std::getenv("DTENSOR_GEMM_ENGINE");
+    if (!want || !*want || std::strcmp(want, "auto") == 0) return std::nullopt;
+    const auto& engines = gemm_engines();
+    for (size_t i = 0; i < engines.size(); ++i) {
+      if (std::strcmp(engines[i]->name(), want) == 0) return static_cast<int>(i);
+    }
+    std::string names;
+    for (const auto& e : engines) names += std::string(names.empty() ? "" : ", ") + e->name();
+    DT_CHECK_ARG(false, "matmul", "DTENSOR_GEMM_ENGINE=", want, " is not an engine of this build (", names,
+                 ", auto)");
+    return std::nullopt;
+  }();
+  return pinned;
+}
+
+std::vector<Route> routes_for(DType dtype) {
+  const auto& engines = gemm_engines();
+  const std::optional<int> pinned = pinned_engine();
+  std::vector<Route> routes;
+  for (int e = 0; e < static_cast<int>(engines.size()); ++e) {
+    if (pinned && e != *pinned) continue;
+    const bool native = dtype == DType::F32 || dtype == DType::F64 ||
+                        (dtype == DType::BF16 && engines[e]->native_bf16());
+    if (native) routes.push_back({e, false});
+  }
+  if (dtype == DType::BF16 || dtype == DType::F16) routes.push_back({0, true});
+  // F64 on a pinned engine without dgemm: OpenBLAS (run_native falls back to it
+  // when an engine's dgemm returns false).
+  if (routes.empty()) routes.push_back({0, false});
+  return routes;
+}
+
+// The route of GEMMs too small to tune and the one a challenger must beat by the
+// margin: OpenBLAS's, the engine every build has (its small-matrix kernels also have
+// the least call overhead); for BF16, which OpenBLAS lacks here, the first native
+// route, else conversion.
+int default_route(const std::vector<Route>& routes) {
+  const auto& engines = gemm_engines();
+  for (size_t i = 0; i < routes.size(); ++i) {
+    if (!routes[i].via_f32 && std::strcmp(engines[routes[i].engine]->name(), "openblas") == 0) return static_cast<int>(i);
+  }
+  return 0;
+}
+
+// Cost of each route: one warm-up run each (kernel generation, first touch), then
+// kTimedRounds rounds that run every route still in the race once in turn, keeping
+// each route's cheapest run. Interleaving spreads load changes over all routes
+// alike; runs over 20 ms get a single round.
+std::vector<double> measure_routes(const std::vector<Route>& routes,
+                                   const std::function<double(const Route&)>& run_once) {
+  std::vector<double> best(routes.size(), 1e30);
+  double longest = 0;
+  for (const Route& r : routes) longest = std::max(longest, run_once(r));
+  const int rounds = longest > 0.02 ? 1 : kTimedRounds;
+  // A route over 1.5x the cheapest after a round cannot come back: it drops out, so
+  // that a slow engine costs its warm-up and one round, not all of them.
+  std::vector<bool> racing(routes.size(), true);
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < routes.size(); ++i) {
+      if (racing[i]) best[i] = std::min(best[i], run_once(routes[i]));
+    }
+    const double leader = *std::min_element(best.begin(), best.end());
+    for (size_t i = 0; i < routes.size(); ++i) racing[i] = racing[i] && best[i] <= 1.5 * leader;
+  }
+  return best;
+}
+
+class Tuner {
+ public:
+  // The route of signature s. The first call of a signature measures every candidate
+  // with time_route (one run on scratch output, so results never depend on which
+  // route ran a given call; see measure_routes) and keeps the fastest; later calls,
+  // and calls of other threads that arrive while it measures, get that choice.
+  Route choose(const Signature& s, const std::function<double(const Route&)>& time_route) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    Tuning& t = table_[s];
+    if (t.routes.empty()) {
+      t.routes = routes_for(s.dtype);
+      t.best.assign(t.routes.size(), 0.0);
+      const int64_t work = s.batch * s.m * s.n * s.k;
+      if (t.routes.size() == 1 || work < kMinTunedWork) t.chosen = default_route(t.routes);
+    }
+    if (t.chosen >= 0) return t.routes[static_cast<size_t>(t.chosen)];
+    if (t.measuring) {
+      decided_.wait(lock, [&] { return t.chosen >= 0; });
+      return t.routes[static_cast<size_t>(t.chosen)];
+    }
+    t.measuring = true;
+    const std::vector<Route> routes = t.routes;
+    lock.unlock();
+    const std::vector<double> best = measure_routes(routes, time_route);
+    lock.lock();
+    const int fallback = default_route(routes);
+    int pick = static_cast<int>(std::min_element(best.begin(), best.end()) - best.begin());
+    if (best[static_cast<size_t>(pick)] > kSwitchMargin * best[static_cast<size_t>(fallback)]) pick = fallback;
+    t.best = best;
+    t.chosen = pick;
+    decided_.notify_all();
+    return t.routes[static_cast<size_t>(pick)];
+  }
+
+  std::vector<std::string> describe() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<Signature, Tuning>> rows(table_.begin(), table_.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
+      const Signature &a = x.first, &b = y.first;
+      return std::tie(a.dtype, a.threads, a.batch, a.m, a.n, a.k, a.trans_a, a.trans_b) <
+             std::tie(b.dtype, b.threads, b.batch, b.m, b.n, b.k, b.trans_a, b.trans_b);
+    });
+    std::vector<std::string> lines;
+    const auto& engines = gemm_engines();
+    for (const auto& [s, t] : rows) {
+      std::ostringstream os;
+      os << dtype_name(s.dtype) << ' ' << (s.trans_a ? 'T' : 'N') << (s.trans_b ? 'T' : 'N') << ' ';
+      if (s.batch > 1) os << s.batch << " x ";
+      os << s.m << 'x' << s.n << 'x' << s.k;
+      if (s.threads > 1) os << " on " << s.threads << " threads";
+      os << ": ";
+      const double flops = 2.0 * s.batch * s.m * s.n * s.k;
+      auto route_name = [&](const Route& r) {
+        return std::string(r.via_f32 ? "f32 via " : "") + (r.via_f32 ? "best" : engines[r.engine]->name());
+      };
+      os << (t.chosen >= 0 ? route_name(t.routes[t.chosen]) : std::string("tuning"));
+      if (t.routes.size() > 1) {
+        os << " (";
+        for (size_t i = 0; i < t.routes.size(); ++i) {
+          os << (i ? ", " : "") << route_name(t.routes[i]);
+          if (t.best[i] > 0) os << ' ' << static_cast<int>(flops / t.best[i] / 1e9 + 0.5) << " GFLOP/s per core";
+        }
+        os << ')';
+      }
+      lines.push_back(os.str());
+    }
+    return lines;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable decided_;
+  std::unordered_map<Signature, Tuning, SignatureHash> table_;
+};
+
+// CPU seconds of one run (CpuTimer: this thread and the pool tasks it starts).
+double cpu_seconds(const std::function<void()>& run) {
+  const CpuTimer timer;
+  run();
+  return timer.seconds();
+}
+
+Tuner& tuner() {
+  static Tuner* t = new Tuner;  // used by rank threads until the process exits
+  return *t;
+}
+
+// ---- the split over the pool -----------------------------------------------------
+
+// Work below this many multiply-adds per task is not worth a thread hand-off.
+constexpr int64_t kMinTaskWork = int64_t{1} << 20;
+
+// Threads a call of this size is split over.
+int tasks_for(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const int64_t work = batch * m * n * k;
+  return std::max(1, std::min<int>(rank_threads(), static_cast<int>(std::min<int64_t>(work / kMinTaskWork, 1 << 20))));
+}
+
+// One task: batch entries [b0, b1), and within each entry output rows [r0, r1) and
+// columns [c0, c1).
+struct Tile {
+  int64_t b0, b1, r0, r1, c0, c1;
+};
+
+// Cuts [batch, m, n] into tiles of similar work for `threads` threads: whole batch
+// entries when they divide evenly (or are many), else bands of rows (of columns
+// when n > m) in multiples of 16 within each entry.
+std::vector<Tile> tiles(int64_t batch, int64_t m, int64_t n, int64_t k) {
+  const int threads = tasks_for(batch, m, n, k);
+  std::vector<Tile> out;
+  if (threads == 1) return {{0, batch, 0, m, 0, n}};
+  if (batch % threads == 0 || batch >= 4 * threads) {
+    for (int t = 0; t < threads; ++t) out.push_back({t * batch / threads, (t + 1) * batch / threads, 0, m, 0, n});
+    return out;
+  }
+  const bool by_rows = m >= n;
+  const int64_t extent = by_rows ? m : n;
+  const int64_t units = (extent + 15) / 16;
+  const int parts = static_cast<int>(std::min<int64_t>(threads, units));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int p = 0; p < parts; ++p) {
+      const int64_t lo = std::min(extent, p * units / parts * 16), hi = std::min(extent, (p + 1) * units / parts * 16);
+      out.push_back(by_rows ? Tile{b, b + 1, lo, hi, 0, n} : Tile{b, b + 1, 0, m, lo, hi});
+    }
+  }
+  return out;
+}
+
+// Element offset of op(X)[row, col] for a row-major X seen through `op`.
+int64_t at(const Operand& op, int64_t row, int64_t col) { return op.trans ? col * op.ld + row : row * op.ld + col; }
+
+template <class T, class Run>
+void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k, T* c,
+               Run&& run) {
+  const std::vector<Tile> work = tiles(batch, m, n, k);
+  const T* pa = static_cast<const T*>(a.t.data_ptr());
+  const T* pb = static_cast<const T*>(b.t.data_ptr());
+  parallel_run(static_cast<int>(work.size()), [&](int task) {
+    const Tile& w = work[static_cast<size_t>(task)];
+    GemmArgs g{a.op.trans, b.op.trans, w.r1 - w.r0, w.c1 - w.c0, k, a.op.ld, b.op.ld, n, 0.0f};
+    if (g.m == 0 || g.n == 0) return;
+    for (int64_t i = w.b0; i < w.b1; ++i) {
+      run(g, pa + i * a.t.stride(0) + at(a.op, w.r0, 0), pb + i * b.t.stride(0) + at(b.op, 0, w.c0),
+          c + i * m * n + w.r0 * n + w.c0, i, w);
+    }
+  });
+}
+
 template <class T>
-void gemm(BlasOperand a, BlasOperand b, int64_t m, int64_t n, int64_t k, const T* pa, const T* pb,
-          T* pc) {
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0f, pa, a.ld, pb, b.ld, 0.0f, pc, n);
-  } else {
-    cblas_dgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0, pa, a.ld, pb, b.ld, 0.0, pc, n);
+void run_native(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n,
+                int64_t k, T* c) {
+  run_tiles<T>(a, b, batch, m, n, k, c, [&](const GemmArgs& g, const T* x, const T* y, T* z, int64_t, const Tile&) {
+    if constexpr (std::is_same_v<T, float>) {
+      engine.sgemm(g, x, y, z);
+    } else if (!engine.dgemm(g, x, y, z)) {
+      gemm_engines()[0]->dgemm(g, x, y, z);
+    }
+  });
+}
+
+// BF16 operands, BF16 output: the engine accumulates in F32 and rounds in its own
+// epilogue (oneDNN), or each task rounds its F32 tile (still in cache) to BF16.
+void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n,
+              int64_t k, bf16* c) {
+  const std::vector<Tile> work = tiles(batch, m, n, k);
+  const auto* pa = static_cast<const uint16_t*>(a.t.data_ptr());
+  const auto* pb = static_cast<const uint16_t*>(b.t.data_ptr());
+  parallel_run(static_cast<int>(work.size()), [&](int task) {
+    const Tile& w = work[static_cast<size_t>(task)];
+    const int64_t rows = w.r1 - w.r0, cols = w.c1 - w.c0;
+    if (rows == 0 || cols == 0) return;
+    for (int64_t i = w.b0; i < w.b1; ++i) {
+      const uint16_t* x = pa + i * a.t.stride(0) + at(a.op, w.r0, 0);
+      const uint16_t* y = pb + i * b.t.stride(0) + at(b.op, 0, w.c0);
+      bf16* out = c + i * m * n + w.r0 * n + w.c0;
+      // Rounded by the engine straight into the output where it can.
+      if (engine.bf16gemm_rounded(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, n, 0.0f}, x, y,
+                                  reinterpret_cast<uint16_t*>(out))) {
+        continue;
+      }
+      thread_local std::vector<float> scratch;
+      scratch.resize(static_cast<size_t>(rows * cols));
+      engine.bf16gemm(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, cols, 0.0f}, x, y,
+                      scratch.data());
+      for (int64_t r = 0; r < rows; ++r) f32_to_bf16(scratch.data() + r * cols, out + r * n, cols);
+    }
+  });
+}
+
+void matmul_via_f32(const Tensor& a, const Tensor& b, Tensor& out);
+
+void run_route(const Route& route, const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+  if (route.via_f32) return matmul_via_f32(a, b, out);
+  GemmEngine& engine = *gemm_engines()[static_cast<size_t>(route.engine)];
+  const Prepared pa = prepare(a), pb = prepare(b);
+  switch (out.dtype()) {
+    case DType::F32: return run_native<float>(engine, pa, pb, batch, m, n, k, out.data<float>());
+    case DType::F64: return run_native<double>(engine, pa, pb, batch, m, n, k, out.data<double>());
+    default: return run_bf16(engine, pa, pb, batch, m, n, k, static_cast<bf16*>(out.data_ptr()));
   }
 }
 
-// a [B, m, k], b [B, k, n] (any strides, F32 or F64), out [B, m, n] contiguous.
-template <class T>
-void batched_gemm(const Tensor& a, const Tensor& b, Tensor& out) {
+void tuned_matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
-  T* pc = static_cast<T*>(out.data_ptr());
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    std::fill(pc, pc + batch * m * n, T(0));
-    return;
-  }
-  // Operands whose matrices BLAS cannot read are copied once, for all batches.
-  auto prepare = [](const Tensor& t) {
-    if (blas_layout(t.size(1), t.size(2), t.stride(1), t.stride(2))) return t;
-    return t.contiguous();
-  };
-  const Tensor ta = prepare(a), tb = prepare(b);
-  const BlasOperand la = *blas_layout(ta.size(1), ta.size(2), ta.stride(1), ta.stride(2));
-  const BlasOperand lb = *blas_layout(tb.size(1), tb.size(2), tb.stride(1), tb.stride(2));
-  const T* pa = static_cast<const T*>(ta.data_ptr());
-  const T* pb = static_cast<const T*>(tb.data_ptr());
-  for (int64_t i = 0; i < batch; ++i) {
-    gemm<T>(la, lb, m, n, k, pa + i * ta.stride(0), pb + i * tb.stride(0), pc + i * m * n);
-  }
+  // The transposes of the layouts the operands will be read in (part of the shape
+  // an engine sees).
+  const auto la = gemm_layout(a.size(1), a.size(2), a.stride(1), a.stride(2));
+  const auto lb = gemm_layout(b.size(1), b.size(2), b.stride(1), b.stride(2));
+  const Signature s{out.dtype(), la && la->trans, lb && lb->trans, batch, m, n, k, tasks_for(batch, m, n, k)};
+  const Route route = tuner().choose(s, [&](const Route& r) {
+    Tensor scratch = Tensor::empty(out.shape(), out.dtype());
+    return cpu_seconds([&] { run_route(r, a, b, scratch); });
+  });
+  run_route(route, a, b, out);
+}
+
+void matmul_via_f32(const Tensor& a, const Tensor& b, Tensor& out) {
+  Tensor out32 = Tensor::empty(out.shape(), DType::F32);
+  tuned_matmul(a.to(DType::F32), b.to(DType::F32), out32);
+  copy(out32, out);
 }
 
 }  // namespace
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
-  switch (out.dtype()) {
-    case DType::F32: return batched_gemm<float>(a, b, out);
-    case DType::F64: return batched_gemm<double>(a, b, out);
-    default: {
-      Tensor out32 = Tensor::empty(out.shape(), DType::F32);
-      batched_gemm<float>(a.to(DType::F32), b.to(DType::F32), out32);
-      copy(out32, out);
-    }
+  if (out.numel() == 0) return;
+  if (a.size(2) == 0) {
+    fill(out, 0.0);
+    return;
   }
+  tuned_matmul(a, b, out);
 }
 
-void configure_blas_threads(int ranks_on_host) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  openblas_set_num_threads(std::max(1, cores / std::max(1, ranks_on_host)));
+void gemm_f32(const GemmArgs& g, const float* a, const float* b, float* c) {
+  const Signature s{DType::F32, g.trans_a, g.trans_b, 1, g.m, g.n, g.k, 1};
+  const auto& engines = gemm_engines();
+  const Route route = tuner().choose(s, [&](const Route& r) {
+    // Zeros: beta = 1 reads the output, and garbage could hold slow denormals.
+    std::vector<float> scratch(static_cast<size_t>(g.m * g.ldc), 0.0f);
+    return cpu_seconds([&] { engines[static_cast<size_t>(r.engine)]->sgemm(g, a, b, scratch.data()); });
+  });
+  engines[static_cast<size_t>(route.engine)]->sgemm(g, a, b, c);
 }
 
-int blas_threads() { return openblas_get_num_threads(); }
+std::vector<std::string> gemm_choices() { return tuner().describe(); }
+
+void configure_blas_threads(int ranks_on_host) { configure_rank_threads(ranks_on_host); }
+
+int blas_threads() { return rank_threads(); }
 
 }  // namespace dtensor::backend::cpu

@@ -16,11 +16,13 @@
 #include <cassert>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "backend/cpu/parallel.h"
 #include "dtensor/tensor.h"
 
 namespace dtensor::backend::cpu {
@@ -46,12 +48,34 @@ inline constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, f
 template <class T>
 inline constexpr bool is_float_v = std::is_floating_point_v<T> || is_half_v<T>;
 
+// BF16 <-> F32 inline, so that loops over BF16 data vectorise (the out-of-line
+// conversions of dtype.h cost a call per element). Same rounding as dtype.cpp:
+// nearest even, NaN kept quiet.
+inline float bf16_to_float(bf16 v) {
+  const uint32_t u = static_cast<uint32_t>(v.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline bf16 float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  bf16 r;
+  r.bits = (u & 0x7fffffffu) > 0x7f800000u ? static_cast<uint16_t>((u >> 16) | 0x40u)
+                                           : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return r;
+}
+
 // Converts between any two element types: C++ conversion for the built-in types
 // (float -> int truncates toward zero), "nonzero" for bool, through F32 for halves.
 template <class To, class From>
 inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
+  } else if constexpr (std::is_same_v<From, bf16>) {
+    return convert<To>(bf16_to_float(v));
+  } else if constexpr (std::is_same_v<To, bf16>) {
+    return float_to_bf16(static_cast<float>(v));
   } else if constexpr (is_half_v<From>) {
     return convert<To>(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
@@ -205,6 +229,35 @@ void map(F&& f, Tensor& out, const Ts&... in) {
                                                 row_strides.data(), n,
                                                 std::index_sequence_for<In...>{});
                   });
+}
+
+// Runs fn(pieces) on the rank's threads (parallel.h), where pieces are views of the
+// tensors (all of one shape) cut along one dim into chunks of about `grain`
+// elements or more; fn receives std::array<Tensor, N>. The cut dim is the first with
+// at least as many entries as chunks, so outputs are written in disjoint pieces.
+// Small tensors run as one piece on the caller.
+template <size_t N, class Fn>
+void parallel_pieces(const std::array<const Tensor*, N>& tensors, int64_t grain, Fn&& fn) {
+  const Tensor& first = *tensors[0];
+  int chunks = parallel_chunks(first.numel(), grain);
+  int64_t dim = -1;
+  for (int64_t d = 0; chunks > 1 && d < first.dim(); ++d) {
+    if (first.size(d) >= chunks) {
+      dim = d;
+      break;
+    }
+  }
+  if (dim < 0) chunks = 1;
+  std::array<Tensor, N> whole;
+  for (size_t k = 0; k < N; ++k) whole[k] = *tensors[k];
+  if (chunks == 1) return fn(whole);
+  const int64_t extent = first.size(dim);
+  parallel_run(chunks, [&](int c) {
+    const int64_t begin = c * extent / chunks, end = (c + 1) * extent / chunks;
+    std::array<Tensor, N> piece;
+    for (size_t k = 0; k < N; ++k) piece[k] = whole[k].narrow(dim, begin, end - begin);
+    fn(piece);
+  });
 }
 
 // Calls fn(T{}) for the floating dtypes only; the caller has checked the dtype.

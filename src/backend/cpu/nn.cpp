@@ -3,7 +3,11 @@
 // scatter-add backward, cross-entropy (+ backward).
 //
 // Numerics: softmax subtracts the line maximum before exp; sums accumulate in double;
-// BF16/F16 compute in F32 and round once on store.
+// BF16/F16 compute in F32 and round once on store. F32 and BF16 data in the common
+// layouts (softmax along a contiguous last dim, norms, activations, cross-entropy
+// rows) run the vectorised row kernels of vec_kernels.h (their row sums in double
+// lanes too) split over the rank's threads; everything else takes the scalar loops
+// below.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,9 +15,21 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/loops.h"
+#include "backend/cpu/parallel.h"
+#include "backend/cpu/vec_kernels.h"
 
 namespace dtensor::backend::cpu {
 namespace {
+
+// F32 or BF16: the dtypes of the vectorised kernels.
+bool vectorised(DType t) { return t == DType::F32 || t == DType::BF16; }
+
+// Rows per task so that each task has about this many elements.
+constexpr int64_t kRowGrainElements = int64_t{1} << 14;
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, kRowGrainElements / std::max<int64_t>(cols, 1)); }
+
+const char* byte_ptr(const Tensor& t) { return static_cast<const char*>(t.data_ptr()); }
+char* byte_ptr(Tensor& t) { return static_cast<char*>(t.data_ptr()); }
 
 // Sum of term(i) for i in [0, n) in double, in eight lanes so the loop vectorises.
 template <class Term>
@@ -94,6 +110,15 @@ void check_index(int64_t id, int64_t limit, size_t position, const char* op, con
 void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) {
   assert(a.dtype() == out.dtype() && a.shape() == out.shape());
   const int64_t length = a.size(dim);
+  if (vectorised(a.dtype()) && dim == a.dim() - 1 && a.is_contiguous() && out.is_contiguous() && length > 0) {
+    const int64_t rows = a.numel() / length;
+    const size_t row_bytes = static_cast<size_t>(length) * dtype_size(a.dtype());
+    auto* kernel = vec().softmax_rows[vec_index(a.dtype())];
+    parallel_for(rows, row_grain(length), [&](int64_t r0, int64_t r1) {
+      kernel(byte_ptr(a) + r0 * row_bytes, byte_ptr(out) + r0 * row_bytes, r1 - r0, length, log);
+    });
+    return;
+  }
   visit_float_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -124,6 +149,17 @@ void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) {
 void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log,
                       Tensor& grad_in) {
   const int64_t length = out.size(dim);
+  if (vectorised(out.dtype()) && dim == out.dim() - 1 && out.is_contiguous() && grad_out.is_contiguous() &&
+      grad_in.is_contiguous() && length > 0) {
+    const int64_t rows = out.numel() / length;
+    const size_t row_bytes = static_cast<size_t>(length) * dtype_size(out.dtype());
+    auto* kernel = vec().softmax_backward_rows[vec_index(out.dtype())];
+    parallel_for(rows, row_grain(length), [&](int64_t r0, int64_t r1) {
+      kernel(byte_ptr(grad_out) + r0 * row_bytes, byte_ptr(out) + r0 * row_bytes, byte_ptr(grad_in) + r0 * row_bytes,
+             r1 - r0, length, log);
+    });
+    return;
+  }
   visit_float_dtype(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -164,6 +200,20 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
                   bool centered, Tensor& out, Tensor* mean, Tensor& rstd) {
   const int64_t rows = x.size(0), cols = x.size(1);
   assert(x.is_contiguous() && out.is_contiguous());
+  if (vectorised(x.dtype()) && cols > 0) {
+    auto* kernel = vec().norm_rows[vec_index(x.dtype())];
+    const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(x.dtype());
+    float* mean_p = mean ? static_cast<float*>(mean->data_ptr()) : nullptr;
+    float* rstd_p = static_cast<float*>(rstd.data_ptr());
+    const void* w = weight.defined() ? weight.data_ptr() : nullptr;
+    const void* b = bias.defined() ? bias.data_ptr() : nullptr;
+    parallel_for(rows, row_grain(cols), [&](int64_t r0, int64_t r1) {
+      const NormRowsArgs args{r1 - r0, cols, eps, centered};
+      kernel(args, byte_ptr(x) + r0 * row_bytes, w, b, byte_ptr(out) + r0 * row_bytes,
+             mean_p ? mean_p + r0 : nullptr, rstd_p + r0);
+    });
+    return;
+  }
   visit_float_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -195,10 +245,46 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   });
 }
 
+// The weight and bias gradients are sums over rows: each task sums its own rows
+// into its own F32 partials, and the partials are added in task order, so the
+// result does not depend on which thread ran which task.
+void norm_backward_vectorised(const Tensor& grad_out, const Tensor& x, const Tensor* mean, const Tensor& rstd,
+                              const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor* grad_bias) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  auto* kernel = vec().norm_backward_rows[vec_index(x.dtype())];
+  const size_t row_bytes = static_cast<size_t>(cols) * dtype_size(x.dtype());
+  const float* mean_p = mean ? static_cast<const float*>(mean->data_ptr()) : nullptr;
+  const float* rstd_p = static_cast<const float*>(rstd.data_ptr());
+  const void* w = weight.defined() ? weight.data_ptr() : nullptr;
+  const bool want_weight = grad_weight.defined(), want_bias = grad_bias && grad_bias->defined();
+  const int64_t grain = row_grain(cols);
+  const int chunks = parallel_chunks(rows, grain);
+  std::vector<float> partial_w(want_weight ? static_cast<size_t>(chunks * cols) : 0, 0.0f);
+  std::vector<float> partial_b(want_bias ? static_cast<size_t>(chunks * cols) : 0, 0.0f);
+  parallel_chunks_for(rows, grain, [&](int c, int64_t r0, int64_t r1) {
+    const NormRowsArgs args{r1 - r0, cols, 0.0, mean != nullptr};
+    kernel(args, byte_ptr(grad_out) + r0 * row_bytes, byte_ptr(x) + r0 * row_bytes, mean_p ? mean_p + r0 : nullptr,
+           rstd_p + r0, w, byte_ptr(grad_in) + r0 * row_bytes, want_weight ? partial_w.data() + c * cols : nullptr,
+           want_bias ? partial_b.data() + c * cols : nullptr);
+  });
+  auto finish = [&](const std::vector<float>& partial, Tensor& out) {
+    std::vector<double> total(static_cast<size_t>(cols), 0.0);
+    for (int c = 0; c < chunks; ++c) {
+      for (int64_t i = 0; i < cols; ++i) total[i] += partial[static_cast<size_t>(c * cols + i)];
+    }
+    write_values(total, out);
+  };
+  if (want_weight) finish(partial_w, grad_weight);
+  if (want_bias) finish(partial_b, *grad_bias);
+}
+
 void norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* mean, const Tensor& rstd,
                    const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor* grad_bias) {
   const int64_t rows = x.size(0), cols = x.size(1);
   assert(x.is_contiguous() && grad_out.is_contiguous() && grad_in.is_contiguous());
+  if (vectorised(x.dtype()) && cols > 0) {
+    return norm_backward_vectorised(grad_out, x, mean, rstd, weight, grad_in, grad_weight, grad_bias);
+  }
   visit_float_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -264,7 +350,26 @@ void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rs
 
 // ---- activations' backward ------------------------------------------------------------
 
+namespace {
+
+// grad_in = grad_out * f'(x) through the vector kernel, for contiguous F32/BF16.
+bool activation_backward_vectorised(VecUnary op, const Tensor& grad_out, const Tensor& x, Tensor& grad_in) {
+  if (!vectorised(x.dtype()) || !x.is_contiguous() || !grad_out.is_contiguous() || !grad_in.is_contiguous()) {
+    return false;
+  }
+  auto* kernel = vec().activation_backward[vec_index(x.dtype())];
+  const size_t item = dtype_size(x.dtype());
+  parallel_for(x.numel(), kRowGrainElements * 2, [&](int64_t i0, int64_t i1) {
+    kernel(op, byte_ptr(grad_out) + i0 * item, byte_ptr(x) + i0 * item, byte_ptr(grad_in) + i0 * item, i1 - i0);
+  });
+  return true;
+}
+
+}  // namespace
+
 void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx, Tensor& grad_in) {
+  const VecUnary op = approx == GeluApprox::Tanh ? VecUnary::GeluTanh : VecUnary::GeluErf;
+  if (activation_backward_vectorised(op, grad_out, x, grad_in)) return;
   visit_float_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -292,6 +397,7 @@ void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx, T
 }
 
 void silu_backward(const Tensor& grad_out, const Tensor& x, Tensor& grad_in) {
+  if (activation_backward_vectorised(VecUnary::Silu, grad_out, x, grad_in)) return;
   visit_float_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -387,12 +493,45 @@ void for_each_scored_row(const Tensor& logits, const std::vector<int64_t>& targe
   }
 }
 
+// F32 logits with contiguous rows: each row's (log-)softmax by the vector kernel,
+// rows split over the rank's threads. Targets are checked first, on the caller.
+bool vectorised_rows(const Tensor& logits) { return logits.dtype() == DType::F32 && logits.stride(1) == 1; }
+
+void check_targets(const std::vector<int64_t>& targets, int64_t ignore_index, int64_t classes, const char* op) {
+  for (size_t n = 0; n < targets.size(); ++n) {
+    if (targets[n] != ignore_index) check_index(targets[n], classes, n, op, "target");
+  }
+}
+
+template <class RowFn>
+void for_each_row_softmax(const Tensor& logits, bool log, RowFn&& row_fn) {
+  const int64_t rows = logits.size(0), classes = logits.size(1);
+  const float* x = static_cast<const float*>(logits.data_ptr());
+  auto* kernel = vec().softmax_rows[0];
+  parallel_for(rows, row_grain(classes), [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(static_cast<size_t>(classes));
+    for (int64_t r = r0; r < r1; ++r) {
+      kernel(x + r * logits.stride(0), row.data(), 1, classes, log);
+      row_fn(r, row.data());
+    }
+  });
+}
+
 }  // namespace
 
 void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                    Tensor& losses) {
   const std::vector<int64_t> target = read_indices(targets);
   std::vector<double> loss(target.size(), 0.0);
+  if (vectorised_rows(logits)) {
+    check_targets(target, ignore_index, logits.size(1), "cross_entropy");
+    for_each_row_softmax(logits, /*log=*/true, [&](int64_t r, const float* log_p) {
+      const int64_t t = target[static_cast<size_t>(r)];
+      if (t != ignore_index) loss[static_cast<size_t>(r)] = -static_cast<double>(log_p[t]);
+    });
+    write_values(loss, losses);
+    return;
+  }
   visit_float_dtype(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -411,6 +550,22 @@ void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const
   const std::vector<double> upstream = read_values(grad_rows);
   const int64_t classes = logits.size(1);
   assert(grad_logits.is_contiguous());
+  if (vectorised_rows(logits)) {
+    check_targets(target, ignore_index, classes, "cross_entropy_backward");
+    float* gl = static_cast<float*>(grad_logits.data_ptr());
+    for_each_row_softmax(logits, /*log=*/false, [&](int64_t r, const float* p) {
+      float* out = gl + r * classes;
+      const int64_t t = target[static_cast<size_t>(r)];
+      if (t == ignore_index) {
+        std::fill(out, out + classes, 0.0f);  // ignored rows get zero gradient
+        return;
+      }
+      const float g = static_cast<float>(upstream[static_cast<size_t>(r)]);
+      for (int64_t c = 0; c < classes; ++c) out[c] = g * p[c];
+      out[t] -= g;
+    });
+    return;
+  }
   visit_float_dtype(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;

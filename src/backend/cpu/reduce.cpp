@@ -7,8 +7,10 @@
 // sums do not overflow. When a whole row folds into one accumulator, eight
 // independent lanes keep the loop vectorisable (a single running sum is a serial
 // dependency chain the compiler must not reorder).
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/loops.h"
@@ -109,7 +111,49 @@ void write_out(const std::vector<Acc>& acc, Tensor& out, Finish finish) {
 
 }  // namespace
 
+namespace {
+
+// Sum or mean over the leading dims of a contiguous float tensor (a bias gradient:
+// [rows, cols] -> [cols]): column blocks split over the rank's threads, each column
+// summed in double in row order, so the result does not depend on the split.
+bool reduce_leading(Kernels::Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out) {
+  if ((op != Kernels::Reduce::Sum && op != Kernels::Reduce::Mean) || !a.is_contiguous() || !out.is_contiguous()) {
+    return false;
+  }
+  if (a.dtype() != DType::F32 && a.dtype() != DType::BF16) return false;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] != static_cast<int64_t>(i)) return false;
+  }
+  int64_t rows = 1;
+  for (int64_t d : dims) rows *= a.size(d);
+  const int64_t cols = a.numel() / std::max<int64_t>(rows, 1);
+  if (rows < 2 || cols < 16) return false;
+  const bool mean = op == Kernels::Reduce::Mean;
+  visit_float_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, bf16>) {
+      const T* x = static_cast<const T*>(a.data_ptr());
+      parallel_for(cols, std::max<int64_t>(64, (int64_t{1} << 15) / rows), [&](int64_t c0, int64_t c1) {
+        std::vector<double> acc(static_cast<size_t>(c1 - c0), 0.0);
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = x + r * cols + c0;
+          for (int64_t j = 0; j < c1 - c0; ++j) acc[j] += static_cast<double>(load(row[j]));
+        }
+        visit_dtype(out.dtype(), [&](auto out_tag) {
+          using O = decltype(out_tag);
+          O* o = static_cast<O*>(out.data_ptr()) + c0;
+          for (int64_t j = 0; j < c1 - c0; ++j) o[j] = convert<O>(mean ? acc[j] / static_cast<double>(rows) : acc[j]);
+        });
+      });
+    }
+  });
+  return true;
+}
+
+}  // namespace
+
 void reduce(Kernels::Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out) {
+  if (reduce_leading(op, a, dims, out)) return;
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using Acc = acc_t<T>;

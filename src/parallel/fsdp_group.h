@@ -1,0 +1,128 @@
+// FSDP's internal state (src/parallel only): a group of sharded parameters with its
+// flat buffers and what is in flight, the context a tree of groups shares, and the
+// hooks that fully_shard installs (fsdp_group.cpp). fsdp.cpp builds groups and holds
+// the public API.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/parallel/fsdp.h"
+#include "parallel/fsdp_flat.h"
+
+namespace dtensor::parallel {
+
+namespace detail {
+struct Context;
+}  // namespace detail
+
+struct FSDPModule::ParamGroup {
+  nn::Module* module = nullptr;
+  FSDPOptions options;
+  std::string label;  // "module TransformerBlock ('norm1.weight', ...)", for errors
+  DeviceMesh mesh;
+  int shard_dim = 0;
+  int replicate_dim = -1;
+  int64_t ranks = 1, rank = 0;
+
+  struct Param {
+    std::string name;        // relative to the module
+    DistTensor sharded;      // the leaf the optimizer updates
+    Placements unsharded;    // the layout forward computes with (Replicate on the FSDP dims)
+    size_t bucket = 0, slot = 0;
+  };
+  std::vector<Param> params;
+
+  // The parameters of one dtype: flat buffers (fsdp_flat.h) and what is in flight.
+  struct Bucket {
+    DType dtype = DType::F32;  // of the shards
+    DType param_dtype = DType::F32, reduce_dtype = DType::F32;
+    detail::FlatLayout layout;
+    std::vector<size_t> members;  // indices into params, in slot order
+    Tensor shard;                 // [R] the shards (the leaves view it)
+    Tensor send;                  // [R] the shards in param_dtype (stage 3 with a cast)
+    bool send_stale = true;
+    Tensor unsharded;             // [U] gathered parameters (memory released when resharded at stage 3)
+    Tensor gathered;              // [N * R] all-gather output in flight
+    Work gather;
+    Tensor grad_full;             // [N * R] packed gradients (kept at stage 1)
+    bool grad_holds_sum = false;  // grad_full holds gradients not yet reduced
+    std::vector<Placements> grad_placements;  // per member: the reduced gradient's layout
+    std::vector<bool> has_grad;               // per member: a gradient arrived since the last reduction
+  };
+  std::vector<Bucket> buckets;
+
+  enum class State { Sharded, Gathering, Unsharded };
+  State state = State::Sharded;
+  bool sync = true;
+  bool reshard_after_backward = true;
+  std::optional<bool> reshard_after_forward_override;
+  std::shared_ptr<detail::Context> context;
+  std::vector<std::weak_ptr<ParamGroup>> subtree;  // this group and those under its module
+  std::vector<nn::HookHandle> hooks;
+
+  bool is_root() const;
+  bool reshard_after_forward() const {
+    if (options.stage != 3) return false;
+    if (reshard_after_forward_override) return *reshard_after_forward_override;
+    if (options.reshard_after_forward) return *options.reshard_after_forward;
+    return !is_root();
+  }
+  const dtensor::Group& shard_group() const { return mesh.group(shard_dim); }
+
+  void start_gather(bool prefetch);
+  void finish_gather();
+  void unshard() {
+    start_gather(false);
+    finish_gather();
+  }
+  void reshard();
+  // The gathered parameters as DistTensors in their compute layout (views of `unsharded`).
+  std::vector<DistTensor> gathered_params() const;
+  // The sharded leaves (the autograd inputs of the all-gather node).
+  std::vector<DistTensor> sharded_params() const {
+    std::vector<DistTensor> out;
+    for (const Param& p : params) out.push_back(p.sharded);
+    return out;
+  }
+};
+
+namespace detail {
+
+using ParamGroup = FSDPModule::ParamGroup;
+
+// What the groups of one tree (a root and the modules under it) share: the recorded
+// module order for prefetching, the reductions in flight and the counters.
+struct Context {
+  std::weak_ptr<ParamGroup> root;
+  std::vector<std::weak_ptr<ParamGroup>> groups;
+  // Order of pre-forward hooks and of pre-backward nodes in the first step; from the
+  // second step on each module prefetches the next one's all-gather.
+  std::vector<ParamGroup*> forward_order, backward_order;
+  bool order_frozen = false;
+  bool callback_queued = false;
+
+  // A module's gradient reduction: the reduce-scatter, then (HSDP) the all-reduce
+  // across replica groups.
+  struct Reduction {
+    std::weak_ptr<ParamGroup> group;
+    size_t bucket = 0;
+    Tensor out;  // [R] this rank's reduced region
+    Work work;
+    bool across_replicas = false;  // the second phase is in flight
+  };
+  std::deque<Reduction> reductions;
+  FSDPStats stats;
+};
+
+// The forward hooks of a group's module.
+void pre_forward(const std::shared_ptr<ParamGroup>& group);
+std::optional<DistTensor> post_forward(const std::shared_ptr<ParamGroup>& group, const DistTensor& output);
+// Moves every reduction in flight one phase on, or with `all` to completion.
+void progress_reductions(Context& ctx, bool all);
+
+}  // namespace detail
+}  // namespace dtensor::parallel

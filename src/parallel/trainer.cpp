@@ -1,0 +1,108 @@
+// The training step.
+#include "dtensor/parallel/trainer.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "dtensor/autograd.h"
+#include "dtensor/nn/layers.h"
+#include "dtensor/ops.h"
+#include "dtensor/trace.h"
+
+namespace dtensor::parallel {
+
+Trainer::Trainer(Optimizer& optimizer, TrainerOptions options) : optimizer_(optimizer), options_(options) {
+  DT_CHECK_ARG(options_.grad_accum >= 1, "Trainer", "expected grad_accum >= 1, got ", options_.grad_accum);
+  DT_CHECK_ARG(options_.clip_grad_norm >= 0 && std::isfinite(options_.clip_grad_norm), "Trainer",
+               "expected clip_grad_norm >= 0 (0: off), got ", options_.clip_grad_norm);
+  DT_CHECK_ARG(!optimizer_.params().empty(), "Trainer", "the optimizer has no parameters");
+  if (options_.loss_scaling) scaler_.emplace(*options_.loss_scaling);
+}
+
+StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
+  Tracer::begin_step(step);
+  StepReport report;
+  DistTensor step_loss;  // F64, the micro-batch losses summed in their own layout
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    TraceSpan step_span("step", "train");
+    reset_peak_memory();
+    report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
+    const int64_t accum = options_.grad_accum;
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      DistTensor loss;
+      {
+        TraceSpan span("forward", "compute");
+        std::optional<nn::ComputeDtype> precision;
+        if (options_.compute_dtype) precision.emplace(*options_.compute_dtype);
+        loss = loss_of(micro);
+        DT_CHECK_ARG(loss.defined() && loss.numel() == 1, "Trainer",
+                     "the micro-batch loss must be one value, got ", loss.defined() ? loss.shape() : Shape{});
+        if (accum > 1) loss = div(loss, static_cast<double>(accum));
+      }
+      {
+        TraceSpan span("backward", "compute");
+        // Only the last micro-batch reduces: the others accumulate locally.
+        if (options_.sync && accum > 1) options_.sync->set_accumulating(micro + 1 < accum);
+        (scaler_ ? scaler_->scale(loss) : loss).backward();
+      }
+      NoGradGuard no_grad;
+      const DistTensor value = loss.detach().to(DType::F64);
+      step_loss = step_loss.defined() ? add(step_loss, value) : value;
+    }
+    finish_step(report, nullptr);
+  }
+  report.stats.step = step;
+  report.stats.loss = step_loss.full_tensor().item<double>();
+  report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.stats.tokens = options_.tokens_per_step;
+  const Tensor peaks = all_gather(optimizer_.params().front().mesh().group(),
+                                  Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::I64));
+  report.stats.peak_memory_bytes = peaks.to_vector<int64_t>();
+  Tracer::counter("loss", report.stats.loss);
+  return report;
+}
+
+StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
+  DT_CHECK_ARG(options_.grad_accum == 1 && !options_.sync, "Trainer",
+               "a pipeline runs the micro-batches and synchronises its stages' gradients itself: expected "
+               "grad_accum 1 and no sync, got grad_accum ", options_.grad_accum, options_.sync ? " and a sync" : "");
+  Tracer::begin_step(step);
+  StepReport report;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    TraceSpan step_span("step", "train");
+    reset_peak_memory();
+    report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
+    report.stats.loss = runner.run(
+        step, [&](const DistTensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }, options_.compute_dtype);
+    finish_step(report, &runner);
+  }
+  report.stats.step = step;
+  report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.stats.tokens = options_.tokens_per_step;
+  const Tensor peaks =
+      all_gather(runner.group(), Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::I64));
+  report.stats.peak_memory_bytes = peaks.to_vector<int64_t>();
+  Tracer::counter("loss", report.stats.loss);
+  return report;
+}
+
+void Trainer::finish_step(StepReport& report, MicroBatchRunner* runner) {
+  TraceSpan span("optimizer", "compute");
+  const std::vector<DistTensor>& params = optimizer_.params();
+  if (options_.sync) options_.sync->finish_gradient_sync();
+  if (runner) runner->finish_gradient_sync();
+  report.applied = !scaler_ || scaler_->unscale_and_check(params, runner ? &runner->group() : nullptr);
+  if (report.applied) {
+    if (options_.clip_grad_norm > 0) {
+      report.grad_norm = runner ? clip_grad_norm(params, options_.clip_grad_norm, runner->grad_norm(params))
+                                : clip_grad_norm(params, options_.clip_grad_norm);
+    }
+    optimizer_.step();
+  }
+  if (scaler_) scaler_->update();
+  optimizer_.zero_grad();
+}
+
+}  // namespace dtensor::parallel

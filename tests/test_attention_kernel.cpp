@@ -1,0 +1,171 @@
+// The fused attention kernel (scaled_dot_product_attention on local tensors) against
+// a naive double-precision reference that materialises the scores: forward output,
+// log-sum-exp and the three gradients, causal and not, F32 and BF16, on contiguous
+// inputs and on the strided head views a transformer makes ([B, S, H, D] transposed
+// to [B, H, S, D]), with sequence lengths that are not multiples of the tiles.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernel_test_util.h"
+
+namespace dtensor::test {
+namespace {
+
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// q [E, Sq, D], k [E, Sk, D], v [E, Sk, Dv], grad_out [E, Sq, Dv] (row-major doubles).
+Reference naive_attention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                          const std::vector<double>& g, int64_t entries, int64_t sq, int64_t sk, int64_t d,
+                          int64_t dv, bool causal) {
+  Reference r;
+  r.out.assign(static_cast<size_t>(entries * sq * dv), 0.0);
+  r.lse.assign(static_cast<size_t>(entries * sq), 0.0);
+  r.dq.assign(q.size(), 0.0);
+  r.dk.assign(k.size(), 0.0);
+  r.dv.assign(v.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int64_t e = 0; e < entries; ++e) {
+    const double* qe = q.data() + e * sq * d;
+    const double* ke = k.data() + e * sk * d;
+    const double* ve = v.data() + e * sk * dv;
+    const double* ge = g.data() + e * sq * dv;
+    for (int64_t i = 0; i < sq; ++i) {
+      std::vector<double> p(static_cast<size_t>(sk), 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < sk; ++j) {
+        if (causal && j > i) continue;
+        double s = 0;
+        for (int64_t c = 0; c < d; ++c) s += qe[i * d + c] * ke[j * d + c];
+        p[j] = s * scale;
+        m = std::max(m, p[j]);
+      }
+      double total = 0;
+      for (int64_t j = 0; j < sk; ++j) {
+        p[j] = (causal && j > i) ? 0.0 : std::exp(p[j] - m);
+        total += p[j];
+      }
+      for (double& x : p) x /= total;
+      r.lse[e * sq + i] = m + std::log(total);
+      for (int64_t j = 0; j < sk; ++j) {
+        for (int64_t c = 0; c < dv; ++c) r.out[(e * sq + i) * dv + c] += p[j] * ve[j * dv + c];
+      }
+      // Backward of row i: dV += p^T g, dp = g V^T, ds = p (dp - <dp, p>), dQ = ds K scale, dK += ds^T q scale.
+      std::vector<double> dp(static_cast<size_t>(sk), 0.0);
+      double dot = 0;
+      for (int64_t j = 0; j < sk; ++j) {
+        for (int64_t c = 0; c < dv; ++c) {
+          r.dv[(e * sk + j) * dv + c] += p[j] * ge[i * dv + c];
+          dp[j] += ge[i * dv + c] * ve[j * dv + c];
+        }
+        dot += dp[j] * p[j];
+      }
+      for (int64_t j = 0; j < sk; ++j) {
+        const double ds = p[j] * (dp[j] - dot) * scale;
+        for (int64_t c = 0; c < d; ++c) {
+          r.dq[(e * sq + i) * d + c] += ds * ke[j * d + c];
+          r.dk[(e * sk + j) * d + c] += ds * qe[i * d + c];
+        }
+      }
+    }
+  }
+  return r;
+}
+
+struct Case {
+  int64_t batch, heads, sq, sk, d, dv;
+  bool causal;
+  DType dtype;
+  bool head_views;  // q, k, v as transposed [B, S, H, D] views, like SelfAttention's
+};
+
+// [B, H, S, width] values, laid out as asked.
+Tensor operand(const Case& c, int64_t seq, int64_t width, uint64_t seed) {
+  if (!c.head_views) return uniform_f64({c.batch, c.heads, seq, width}, seed, -1.5, 1.5).to(c.dtype);
+  return uniform_f64({c.batch, seq, c.heads, width}, seed, -1.5, 1.5).to(c.dtype).transpose(1, 2);
+}
+
+void check(const Case& c) {
+  SCOPED_TRACE(testing::Message() << "B" << c.batch << " H" << c.heads << " Sq" << c.sq << " Sk" << c.sk << " D"
+                                  << c.d << " Dv" << c.dv << (c.causal ? " causal" : "") << " "
+                                  << dtype_name(c.dtype) << (c.head_views ? " head views" : ""));
+  const Tensor q = operand(c, c.sq, c.d, 1), k = operand(c, c.sk, c.d, 2), v = operand(c, c.sk, c.dv, 3);
+  const Tensor g = operand(c, c.sq, c.dv, 4);
+  if (c.head_views && c.heads > 1) EXPECT_FALSE(q.is_contiguous());
+  const int64_t entries = c.batch * c.heads;
+  const Reference want = naive_attention(values(q), values(k), values(v), values(g), entries, c.sq, c.sk, c.d, c.dv,
+                                         c.causal);
+  const AttentionResult got = scaled_dot_product_attention(q, k, v, c.causal);
+  ASSERT_EQ(got.out.shape(), (Shape{c.batch, c.heads, c.sq, c.dv}));
+  ASSERT_EQ(got.lse.shape(), (Shape{c.batch, c.heads, c.sq}));
+  const double scale = c.dtype == DType::BF16 ? 3.0 : 5.0;
+  expect_close(got.out, want.out, "out", scale, c.dtype == DType::BF16 ? 2e-2 : 2e-5);
+  expect_close(got.lse, want.lse, "lse", 5.0, c.dtype == DType::BF16 ? 3e-2 : 2e-5);
+  if (c.head_views && c.heads > 1) {
+    // The output follows q's memory order: transposing it back is contiguous.
+    EXPECT_TRUE(got.out.transpose(1, 2).is_contiguous());
+  }
+  const AttentionGrads grads = scaled_dot_product_attention_backward(g, q, k, v, got, c.causal);
+  const double gatol = c.dtype == DType::BF16 ? 4e-2 : 5e-5;
+  expect_close(grads.grad_q, want.dq, "grad_q", 10.0, gatol);
+  expect_close(grads.grad_k, want.dk, "grad_k", 10.0, gatol);
+  expect_close(grads.grad_v, want.dv, "grad_v", 10.0, gatol);
+}
+
+TEST(AttentionKernel, MatchesNaiveReferenceF32) {
+  for (bool causal : {false, true}) {
+    for (bool views : {false, true}) {
+      check({2, 3, 37, 37, 16, 16, causal, DType::F32, views});
+      check({1, 2, 130, 130, 32, 24, causal, DType::F32, views});   // crosses the 64-row tiles
+      check({1, 1, 300, 300, 8, 8, causal, DType::F32, views});     // crosses the 256-key tiles
+    }
+  }
+  // Different query and key lengths (top-left aligned causal mask).
+  check({2, 2, 20, 45, 16, 16, false, DType::F32, false});
+  check({2, 2, 45, 20, 16, 16, true, DType::F32, false});
+  check({1, 1, 1, 1, 4, 4, true, DType::F32, false});
+}
+
+TEST(AttentionKernel, MatchesNaiveReferenceBf16AndF64) {
+  check({2, 2, 70, 70, 32, 32, true, DType::BF16, true});
+  check({1, 2, 33, 33, 16, 16, false, DType::BF16, false});
+  // F64 takes the naive formulas in F64: F64 accuracy, forward and backward.
+  const Tensor q = uniform_f64({1, 2, 9, 4}, 1, -1, 1), k = uniform_f64({1, 2, 9, 4}, 2, -1, 1);
+  const Tensor v = uniform_f64({1, 2, 9, 4}, 3, -1, 1), g = uniform_f64({1, 2, 9, 4}, 4, -1, 1);
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, true);
+  EXPECT_EQ(r.out.dtype(), DType::F64);
+  const Reference want = naive_attention(values(q), values(k), values(v), values(g), 2, 9, 9, 4, 4, true);
+  expect_close(r.out, want.out, "f64 out", 100.0, 1e-12);
+  expect_close(r.lse, want.lse, "f64 lse", 10.0, 1e-5);  // lse is kept in F32
+  const AttentionGrads grads = scaled_dot_product_attention_backward(g, q, k, v, r, true);
+  expect_close(grads.grad_q, want.dq, "f64 grad_q", 100.0, 1e-12);
+  expect_close(grads.grad_k, want.dk, "f64 grad_k", 100.0, 1e-12);
+  expect_close(grads.grad_v, want.dv, "f64 grad_v", 100.0, 1e-12);
+}
+
+TEST(AttentionKernel, MatchesTheCompositeOps) {
+  // softmax(q k^T / sqrt(D) masked) v from the local ops, on the same F32 inputs.
+  const Tensor q = uniform_f64({2, 2, 50, 8}, 5, -1, 1).to(DType::F32);
+  const Tensor k = uniform_f64({2, 2, 50, 8}, 6, -1, 1).to(DType::F32);
+  const Tensor v = uniform_f64({2, 2, 50, 8}, 7, -1, 1).to(DType::F32);
+  Tensor scores = mul(matmul(q, k.transpose(-1, -2)), 1.0 / std::sqrt(8.0));
+  const Tensor allowed = le(Tensor::arange(50).unsqueeze(0), Tensor::arange(50).unsqueeze(1));
+  scores = where(allowed, scores, Tensor::full({}, -std::numeric_limits<double>::infinity()));
+  const Tensor composite = matmul(softmax(scores, -1), v);
+  expect_close(scaled_dot_product_attention(q, k, v, true).out, values(composite), "fused vs composite", 5.0, 1e-5);
+}
+
+TEST(AttentionKernel, RejectsMismatchedOperands) {
+  const Tensor q = Tensor::zeros({2, 3, 4}), k = Tensor::zeros({2, 5, 4}), v = Tensor::zeros({2, 5, 6});
+  expect_invalid([&] { scaled_dot_product_attention(q, Tensor::zeros({2, 5, 3}), v, false); }, "one head dim");
+  expect_invalid([&] { scaled_dot_product_attention(q, k, Tensor::zeros({2, 4, 6}), false); }, "one sequence length");
+  expect_invalid([&] { scaled_dot_product_attention(q, Tensor::zeros({3, 5, 4}), v, false); }, "same leading dims");
+  expect_invalid([&] { scaled_dot_product_attention(q, k.to(DType::F64), v, false); }, "one floating dtype");
+}
+
+}  // namespace
+}  // namespace dtensor::test
