@@ -20,24 +20,23 @@
 
 using namespace dtensor;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// Each rank's error message ("" if it ended without one), and launch's.
+// Each rank's error message ("" if it ended without one), and launch's. Bounds are
+// checked through the messages (a release by the fault, not by a long timeout),
+// never by the wall clock of a machine other builds may load.
 struct Outcome {
   std::vector<std::string> rank_errors;
   std::string launch_error;
-  double seconds = 0;
 };
 
 Outcome run_ranks(int n, const std::function<void(Group)>& fn) {
   Outcome out;
   out.rank_errors.resize(n);
   std::mutex mutex;
-  const auto start = Clock::now();
   try {
     launch(n, [&](Group world) {
       try {
@@ -51,7 +50,6 @@ Outcome run_ranks(int n, const std::function<void(Group)>& fn) {
   } catch (const std::exception& e) {
     out.launch_error = e.what();
   }
-  out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return out;
 }
 
@@ -219,7 +217,6 @@ TEST(CommFaults, RanksWaitingInDifferentGroupsAreReportedAtOnce) {
     if (world.rank() == 0) all_reduce(world, Tensor::ones({4}));
     else all_reduce(copy, Tensor::ones({3}));
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_TRUE(contains(out.launch_error, "deadlock in group")) << out.launch_error;
   EXPECT_TRUE(contains(out.launch_error, "waits in group 'world' in all_reduce(f32, 4 elements, sum) for launch rank 1"))
       << out.launch_error;
@@ -238,7 +235,6 @@ TEST(CommFaults, ACycleThroughThreeGroupsIsADeadlock) {
     if (r == 1) barrier(g12);
     if (r == 2) barrier(g02);
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_TRUE(contains(out.launch_error, "deadlock in group")) << out.launch_error;
 }
 
@@ -272,7 +268,6 @@ TEST(CommFaults, ReceivesThatWaitForEachOtherAreADeadlock) {
     recv(world, got, 1 - world.rank(), 5);
     send(world, got, 1 - world.rank(), 5);
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_TRUE(contains(out.launch_error, "[recv] deadlock in group 'world' (threads, size 2, this is rank "))
       << out.launch_error;
   EXPECT_TRUE(contains(out.launch_error, "in recv(16 bytes of f32 from rank 1, tag 5) for launch rank 1, which "
@@ -297,7 +292,6 @@ TEST(CommFaults, ASendWaitingForARankInACollectiveIsADeadlock) {
       recv(world, Tensor::empty({8}), 0);
     }
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_TRUE(contains(out.launch_error, "deadlock in group 'world'")) << out.launch_error;
   EXPECT_TRUE(contains(out.launch_error, "in send(32 bytes of f32 to rank 1, tag 0) for launch rank 1"))
       << out.launch_error;
@@ -329,12 +323,11 @@ TEST(CommFaults, CrossMeshMoveTheRanksDisagreeAboutFailsAtOnce) {
   const Outcome out = run_ranks(4, [&](Group world) {
     world.set_timeout(20s);
     const DeviceMesh front = DeviceMesh::from_ranks(world, {0, 1}, {2}, {"front"});
-    const DeviceMesh back = DeviceMesh::from_ranks(world, world.rank() < 2 ? std::vector<int>{2, 3} : std::vector<int>{3, 2},
-                                                   {2}, {"back"});
+    const std::vector<int> back_ranks = world.rank() < 2 ? std::vector<int>{2, 3} : std::vector<int>{3, 2};
+    const DeviceMesh back = DeviceMesh::from_ranks(world, back_ranks, {2}, {"back"});
     const DistTensor x = distribute(Tensor::randn({6, 4}, 1), front, {Shard(0)});
     x.redistribute(back, {Shard(0)});
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_TRUE(contains(out.launch_error, "deadlock in group 'world'")) << out.launch_error;
   EXPECT_TRUE(contains(out.launch_error, "redistribute front=2 S(0) -> back=2 S(0) (its ")) << out.launch_error;
 }
@@ -358,7 +351,6 @@ TEST(CommFaults, CrossMeshMoveWithMismatchedPiecesFailsOnBothSidesAtOnce) {
     }
     barrier(world);
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_EQ(out.launch_error, "");
   for (int r : {1, 3}) {
     EXPECT_TRUE(contains(caught[r], "rank 1 sent 48 bytes of f32 with tag 0 to rank 3, which posted a recv of 24 bytes"))
@@ -382,7 +374,6 @@ TEST(CommFaults, ARankThatReturnedFailsItsPeersAtOnceWhileItsGroupsLiveOn) {
     if (world.rank() == 1) return;
     all_reduce_(world, t);
   });
-  EXPECT_LT(out.seconds, 2.0);
   EXPECT_TRUE(contains(out.rank_errors[0], "[all_reduce] rank 1 of group 'world' (threads, size 2, this is rank 0) "
                                            "returned from its launch function without making this call"))
       << out.rank_errors[0];
@@ -392,8 +383,12 @@ TEST(CommFaults, ARankThatReturnedFailsItsPeersAtOnceWhileItsGroupsLiveOn) {
 
 // A rank's ASSERT_* fails after async work, with a result slot that outlives the
 // rank's function; the others wait for it in a collective and in a receive.
+std::vector<std::string> assert_peer_errors(3);
+
 void one_rank_fails_an_assert() {
   static std::vector<DistTensor> results(3);
+  static std::mutex mutex;
+  assert_peer_errors.assign(3, "");
   try {
     launch(3, [](Group world) {
       world.set_timeout(20s);
@@ -402,8 +397,14 @@ void one_rank_fails_an_assert() {
       DistTensor x = distribute(Tensor::ones({6, 2}), mesh, {Shard(0)});
       results[r] = x.redistribute_async({Replicate()}).wait();
       ASSERT_NE(r, 1) << "rank 1 checks something false";
-      if (r == 0) all_reduce(world, Tensor::ones({4}));
-      if (r == 2) recv(world, Tensor::empty({4}), 1);
+      try {
+        if (r == 0) all_reduce(world, Tensor::ones({4}));
+        if (r == 2) recv(world, Tensor::empty({4}), 1);
+      } catch (const std::runtime_error& e) {
+        std::lock_guard<std::mutex> lock(mutex);
+        assert_peer_errors[r] = e.what();
+        throw;
+      }
     });
   } catch (const std::runtime_error&) {
   }
@@ -411,9 +412,15 @@ void one_rank_fails_an_assert() {
 }
 
 TEST(CommFaults, AFailedAssertInOneRankReleasesTheOthersAtOnce) {
-  const auto start = Clock::now();
   EXPECT_FATAL_FAILURE_ON_ALL_THREADS(one_rank_fails_an_assert(), "rank 1 checks something false");
-  EXPECT_LT(Clock::now() - start, 2s);
+  // Released because rank 1 returned (or, for one of them, because the other then
+  // failed), never through the 20 s timeout.
+  for (int r : {0, 2}) {
+    EXPECT_TRUE(contains(assert_peer_errors[r], "returned from its launch function without making this call") ||
+                contains(assert_peer_errors[r], "failed: "))
+        << "rank " << r << ": " << assert_peer_errors[r];
+    EXPECT_FALSE(contains(assert_peer_errors[r], "timed out")) << assert_peer_errors[r];
+  }
 }
 
 // ---- what mismatch messages name --------------------------------------------------------
@@ -551,8 +558,11 @@ TEST(CommFaults, InjectedFaultsEndEveryRankWithAnErrorNamingTheFailedOne) {
       finished[world.rank()] = 1;
     });
     EXPECT_EQ(wrong.load(), 0);  // a call that returned has the right result
-    // A throw or an exit releases the others at once; a stall at the timeout.
-    EXPECT_LT(out.seconds, kind == "stall" ? 3.0 : 1.0);
+    // A throw or an exit releases the others at once, never through their 20 s
+    // timeout; a stall through the 300 ms one (when a rank needed the stalled one).
+    for (int r = 0; r < c.n; ++r) {
+      if (kind != "stall") EXPECT_FALSE(contains(out.rank_errors[r], "timed out")) << out.rank_errors[r];
+    }
     if (kind == "throw") EXPECT_TRUE(contains(out.launch_error, "[fault]")) << out.launch_error;
     if (kind == "exit") EXPECT_TRUE(out.rank_errors[c.rank].empty()) << out.rank_errors[c.rank];
     int released = 0;
@@ -563,6 +573,9 @@ TEST(CommFaults, InjectedFaultsEndEveryRankWithAnErrorNamingTheFailedOne) {
       ++released;
     }
     if (c.call < 37) EXPECT_GT(released, 0);
+    if (kind == "stall" && released > 0) {
+      EXPECT_TRUE(contains(out.launch_error, "timed out after 0.3 s")) << out.launch_error;
+    }
   }
 }
 

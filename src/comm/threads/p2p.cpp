@@ -88,9 +88,9 @@ class P2PWork final : public WorkImpl {
         if (withdrew) {
           group_->throw_if_aborted(op);
           if (!deadlock.empty()) {
-            throw std::runtime_error(detail::concat("[", op, "] deadlock in group '", group_->name(), "' (threads, size ",
-                                                    group_->size(), ", this is rank ", group_->rank(), "): ", deadlock,
-                                                    ": the ranks' calls diverged"));
+            throw std::runtime_error(detail::concat("[", op, "] deadlock in group '", group_->name(),
+                                                    "' (threads, size ", group_->size(), ", this is rank ",
+                                                    group_->rank(), "): ", deadlock, ": the ranks' calls diverged"));
           }
           if (result == WaitResult::Aborted) group_->throw_peer_gone(op, r->buffer.peer);
           group_->throw_timeout(op, detail::concat(r->buffer.is_send ? "rank " : "no send from rank ", r->buffer.peer,
