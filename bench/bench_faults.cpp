@@ -2,7 +2,8 @@
 // program measures any version of the library):
 //   release  a rank throws or returns while the others wait in a collective: the
 //            time from the fault to each peer's error (max over peers), and a stall
-//            against a 200 ms timeout;
+//            against a 200 ms timeout, and a ring of receives none of which is
+//            matched (the wait-for graph, or a 2 s timeout);
 //   sweep    faults injected in user code (throw, return early, stall) at each of
 //            the first 10 calls of a rank program (sub-group all-reduces of 256 KiB,
 //            all-gathers with size exchange, batched point to point, async work in
@@ -64,6 +65,33 @@ double release_ms(int n, bool returns) {
   return slowest.load();
 }
 
+// Every rank receives from the next one first: a ring of receives none of which is
+// ever matched (or ranks that disagree about who sends). The time from the last
+// rank's start to the slowest rank's error, in ms (the timeout, 2 s, if the cycle
+// is not found).
+double receive_ring_ms(int n) {
+  std::atomic<int64_t> last_start_ns{0}, last_error_ns{0};
+  auto note_max = [](std::atomic<int64_t>& slot, int64_t ns) {
+    int64_t seen = slot.load();
+    while (ns > seen && !slot.compare_exchange_weak(seen, ns)) {
+    }
+  };
+  try {
+    launch(n, [&](Group world) {
+      world.set_timeout(2s);
+      barrier(world);
+      note_max(last_start_ns, Clock::now().time_since_epoch().count());
+      try {
+        recv(world, Tensor::empty({1024}), (world.rank() + 1) % n);
+      } catch (const std::exception&) {
+        note_max(last_error_ns, Clock::now().time_since_epoch().count());
+      }
+    });
+  } catch (const std::exception&) {
+  }
+  return (last_error_ns.load() - last_start_ns.load()) / 1e6;
+}
+
 double stall_ms(int n) {
   double worst = 0;
   std::mutex mutex;
@@ -90,13 +118,18 @@ double stall_ms(int n) {
 void release_table() {
   std::printf("| ranks | fault | min ms | median ms | max ms (20 trials; slowest peer each) |\n|---|---|---|---|---|\n");
   for (int n : {2, 4, 8}) {
-    for (int kind = 0; kind < 3; ++kind) {
+    for (int kind = 0; kind < 4; ++kind) {
       std::vector<double> v;
-      for (int t = 0; t < (kind == 2 ? 5 : 20); ++t) v.push_back(kind == 2 ? stall_ms(n) : release_ms(n, kind == 1));
+      for (int t = 0; t < (kind == 2 ? 5 : 20); ++t) {
+        v.push_back(kind == 2 ? stall_ms(n) : kind == 3 ? receive_ring_ms(n) : release_ms(n, kind == 1));
+      }
       std::sort(v.begin(), v.end());
       std::printf("| %d | %s | %.2f | %.2f | %.2f |\n", n,
-                  kind == 0 ? "throw" : kind == 1 ? "return" : "stall (200 ms timeout; 5 trials)", v.front(),
-                  v[v.size() / 2], v.back());
+                  kind == 0   ? "throw"
+                  : kind == 1 ? "return"
+                  : kind == 2 ? "stall (200 ms timeout; 5 trials)"
+                              : "ring of receives (2 s timeout)",
+                  v.front(), v[v.size() / 2], v.back());
     }
   }
 }

@@ -64,7 +64,6 @@ TEST(CommThreads, ThrowingRankReleasesPeersQuickly) {
   std::atomic<int> released{0};
   std::string peer_message;
   std::mutex mutex;
-  const auto start = std::chrono::steady_clock::now();
   const std::string error = launch_error(4, [&](Group world) {
     if (world.rank() == 2) throw std::invalid_argument("rank two broke");
     try {
@@ -76,12 +75,12 @@ TEST(CommThreads, ThrowingRankReleasesPeersQuickly) {
       throw;
     }
   });
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(error, "rank two broke");  // the first error, rethrown as it was
   EXPECT_EQ(released.load(), 3);
   EXPECT_TRUE(contains(peer_message, "[all_reduce]")) << peer_message;
+  // Released by the abort, not by the 10-minute timeout (no wall-clock bound: the
+  // machine may be loaded; bench_faults measures the release times).
   EXPECT_TRUE(contains(peer_message, "rank 2 failed: rank two broke")) << peer_message;
-  EXPECT_LT(seconds, 1.5);
 }
 
 TEST(CommThreads, ThrowingRankReleasesAsyncWorkAndP2P) {
@@ -107,7 +106,6 @@ TEST(CommThreads, ThrowingRankReleasesAsyncWorkAndP2P) {
 TEST(CommThreads, RankThatReturnedFailsItsPeersAtOnce) {
   // Rank 1 returns after its (async) call without the next one rank 0 makes, rank 2
   // without the send rank 0 waits for: rank 0 learns it at once, not at the timeout.
-  const auto start = std::chrono::steady_clock::now();
   std::string collective, receive;
   EXPECT_THROW(launch(3, [&](Group world) {
                  Group pair = world.split(world.rank() < 2 ? 0 : 1);
@@ -131,7 +129,6 @@ TEST(CommThreads, RankThatReturnedFailsItsPeersAtOnce) {
                  }
                }),
                std::runtime_error);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_TRUE(contains(collective, "[all_reduce] rank 1 (launch rank 1) of group 'world/c0'")) << collective;
   EXPECT_TRUE(contains(collective, "returned from its launch function without making this call")) << collective;
   EXPECT_TRUE(contains(receive, "[recv] rank 2 of group 'world'")) << receive;

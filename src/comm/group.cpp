@@ -129,6 +129,7 @@ void launch(int n, const std::function<void(Group world)>& fn) {
       std::string message;
       std::exception_ptr error;
       try {
+        const comm::threads::RankThreadScope own_thread(world.get(), r);
         comm::LaunchRankFaults armed(faults, r);
         Group group(std::make_shared<comm::threads::ThreadsGroup>(shared, r, "world"));
         LaunchedWorldScope scope(group);
@@ -152,6 +153,7 @@ void launch(int n, const std::function<void(Group world)>& fn) {
       }
       // Releases peers blocked in a collective with this rank and message.
       world->abort(r, message);
+      world->rank_ended(r);
     });
   }
   for (auto& t : ranks) t.join();

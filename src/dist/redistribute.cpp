@@ -119,6 +119,11 @@ DistTensor DistTensor::redistribute(const DeviceMesh& mesh, const Placements& pl
   const Placements to = redistribution::canonicalize(validate_placements(placements, mesh.ndim(), dim(), op), dim());
   const Placements from_whole = partials_replicated(this->placements());
   const Placements to_whole = partials_replicated(to);
+  // Named in the messages of its calls (mismatched, stuck or deadlocked).
+  const std::string name = detail::concat("redistribute ", this->mesh().to_string(), " ",
+                                          placements_to_string(this->placements()), " -> ", mesh.to_string(), " ",
+                                          placements_to_string(to));
+  comm::UserCallScope scope(name);
   DistTensor out;
   {
     NoGradGuard no_grad;  // one node for the whole move (record_redistribute)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/call_context.h"
 #include "comm/threads/threads_group.h"
 #include "dtensor/error.h"
 
@@ -59,27 +60,45 @@ class P2PWork final : public WorkImpl {
 
   void wait() override {
     const auto deadline = group_->deadline();
+    World& world = *group_->shared().world;
     for (auto& r : requests) {
       const char* op = r->buffer.is_send ? "send" : "recv";
-      // The partner rank returning from its launch function means it never will post.
-      const WaitResult result = r->signal->wait(
-          [&] { return r->done.load(std::memory_order_acquire); },
-          [&] {
-            return group_->shared().world->aborted() ||
-                   (group_->peer_gone(r->buffer.peer) && !r->done.load(std::memory_order_acquire));
-          },
-          deadline);
-      if (result != WaitResult::Ready && withdraw_unmatched()) {
-        if (result == WaitResult::Aborted) {
+      auto matched = [&] { return r->done.load(std::memory_order_acquire); };
+      // A partner that returned from its launch function never posts; another request
+      // of the batch that met a mismatched partner fails the batch now.
+      auto stuck = [&] {
+        return world.aborted() || failed() != nullptr || (group_->peer_returned(r->buffer.peer) && !matched());
+      };
+      // Once the wait sleeps, the rank's own thread publishes it and walks the
+      // wait-for graph, once per sleep slice.
+      std::string deadlock;
+      bool published = false;
+      auto slow = [&] {
+        if (!group_->on_own_thread()) return false;
+        if (!published) world.block_p2p(group_->world_rank(), group_->shared_ptr(), r, describe(*r));
+        published = true;
+        deadlock = world.find_deadlock(group_->world_rank());
+        return !deadlock.empty();
+      };
+      const WaitResult result = r->signal->wait(matched, stuck, deadline, slow);
+      if (published) world.unblock(group_->world_rank());
+      if (result != WaitResult::Ready || !r->error.empty()) {
+        const bool withdrew = withdraw_unmatched();
+        if (const P2PRequest* bad = failed()) DT_CHECK_ARG(false, bad->buffer.is_send ? "send" : "recv", bad->error);
+        if (withdrew) {
           group_->throw_if_aborted(op);
-          group_->throw_peer_gone(op, r->buffer.peer);
+          if (!deadlock.empty()) {
+            throw std::runtime_error(detail::concat("[", op, "] deadlock in group '", group_->name(),
+                                                    "' (threads, size ", group_->size(), ", this is rank ",
+                                                    group_->rank(), "): ", deadlock, ": the ranks' calls diverged"));
+          }
+          if (result == WaitResult::Aborted) group_->throw_peer_gone(op, r->buffer.peer);
+          group_->throw_timeout(op, detail::concat(r->buffer.is_send ? "rank " : "no send from rank ", r->buffer.peer,
+                                                   group_->launch_ranks({r->buffer.peer}),
+                                                   r->buffer.is_send ? " did not receive " : " for ", r->buffer.bytes,
+                                                   " bytes with tag ", r->buffer.tag));
         }
-        group_->throw_timeout(op, detail::concat(r->buffer.is_send ? "rank " : "no send from rank ",
-                                                 r->buffer.peer, group_->launch_ranks({r->buffer.peer}),
-                                                 r->buffer.is_send ? " did not receive " : " for ",
-                                                 r->buffer.bytes, " bytes with tag ", r->buffer.tag));
       }
-      DT_CHECK_ARG(r->error.empty(), op, r->error);
     }
   }
 
@@ -118,18 +137,37 @@ class P2PWork final : public WorkImpl {
     return withdrew;
   }
 
+  // The first request of the batch whose partner disagreed about its size or dtype.
+  const P2PRequest* failed() const {
+    for (const auto& r : requests) {
+      if (r->done.load(std::memory_order_acquire) && !r->error.empty()) return r.get();
+    }
+    return nullptr;
+  }
+
+  // "recv(16 bytes of f32 from rank 1, tag 5)", after the user-level call it serves.
+  static std::string describe(const P2PRequest& r) {
+    std::string call = detail::concat(r.buffer.is_send ? "send(" : "recv(", r.buffer.bytes, " bytes of ",
+                                      dtype_name(r.buffer.dtype), r.buffer.is_send ? " to rank " : " from rank ",
+                                      r.buffer.peer, ", tag ", r.buffer.tag, ")");
+    return r.user_call.empty() ? call : detail::concat(r.user_call, " (its ", call, ")");
+  }
+
   std::shared_ptr<ThreadsGroup> group_;
 };
 
 }  // namespace
 
 WorkPtr ThreadsGroup::send_recv(const std::vector<P2PBuffer>& ops) {
+  note_calling_thread();
   auto work = std::make_shared<P2PWork>(shared_from_this());
+  const std::string_view user_call = CallContext::current().user_call;
   for (const P2PBuffer& op : ops) {
     auto request = std::make_shared<P2PRequest>();
     request->buffer = op;
     request->owner = rank_;
     request->signal = shared_->mailboxes[rank_]->signal;
+    if (!user_call.empty()) request->user_call = user_call;
     work->requests.push_back(request);
     // Both queues of a pair live in the receiver's mailbox, under its lock.
     const int receiver = op.is_send ? op.peer : rank_;

@@ -2,8 +2,10 @@
 // the receiving rank's mailbox until its partner is posted; whichever side comes
 // second copies sender memory to receiver memory directly, so posting never
 // blocks and a batch can never deadlock, whatever the order of its operations.
-// A wait that fails (timeout, abort, a partner that returned) takes its unmatched
-// requests back out of the mailbox, so no late partner touches its buffers.
+// A wait that fails (timeout, abort, a partner that returned, a deadlock through the
+// wait-for graph, another request of the batch that met a partner of another size)
+// takes its unmatched requests back out of the mailbox, so no late partner touches
+// its buffers and none matches a later call's request.
 #pragma once
 
 #include <atomic>
@@ -22,6 +24,7 @@ struct P2PRequest {
   int owner = 0;     // the rank that posted it
   std::shared_ptr<Signal> signal;  // its owner's mailbox signal
   std::string error;               // set before `done` when the partner disagrees
+  std::string user_call;           // the user-level call it serves (call_context.h), for messages
   std::atomic<bool> done{false};
   // The tensors of a Work dropped before completion: the request lives in the
   // mailbox until matched, and so do they.

@@ -16,6 +16,8 @@ namespace dtensor::comm::threads {
 World::World(int size)
     : size_(size),
       returned_(std::make_unique<std::atomic<bool>[]>(size)),
+      ended_(std::make_unique<std::atomic<bool>[]>(size)),
+      helper_threads_(std::make_unique<std::atomic<bool>[]>(size)),
       live_workers_(std::make_unique<std::atomic<int>[]>(size)),
       blocked_(std::make_unique<Blocked[]>(size)) {}
 
@@ -43,6 +45,11 @@ void World::abort(int rank, const std::string& message) {
 
 void World::rank_returned(int rank) {
   returned_[rank].store(true);
+  rank_ended(rank);
+}
+
+void World::rank_ended(int rank) {
+  ended_[rank].store(true);
   wake_all();
 }
 
@@ -306,17 +313,19 @@ std::string ThreadsGroup::reason_to_leave(uint64_t target, bool walk_graph) {
     return detail::concat("[", current_op_, "] released from group '", name_, "' because ", world.abort_reason());
   }
   const Slot* slots = shared_->slots.get();
-  // A missing rank that returned from its launch function will never arrive. Gone
-  // first, then the step: a rank's last step is stored before it can be gone.
+  // A missing rank that returned from its launch function, with no async call
+  // queued or running on this group, will never arrive. In that order, then the
+  // step: a call's arrival is stored before it stops being pending.
   for (int r = 0; r < size(); ++r) {
-    if (peer_gone(r) && slots[r].step.load(std::memory_order_acquire) < target) {
+    if (peer_returned(r) && slots[r].pending_async.load(std::memory_order_seq_cst) == 0 &&
+        slots[r].step.load(std::memory_order_acquire) < target) {
       return detail::concat("[", current_op_, "] rank ", r, launch_ranks({r}), " of group '", name_,
                             "' (threads, size ", size(), ", this is rank ", rank_,
                             ") returned from its launch function without making this call: the ranks' calls diverged");
     }
   }
   if (walk_graph) {
-    std::string cycle = world.find_deadlock(shared_->world_ranks[rank_], *shared_, target);
+    std::string cycle = world.find_deadlock(world_rank());
     if (!cycle.empty()) {
       return detail::concat("[", current_op_, "] deadlock in group '", name_, "' (threads, size ", size(),
                             ", this is rank ", rank_, "): ", cycle, ": the ranks' calls diverged");
@@ -351,14 +360,14 @@ void ThreadsGroup::enter_call() {
   // what it waits for and walks the wait-for graph, once per sleep slice.
   bool published = false;
   auto slow = [&] {
-    if (on_async_worker()) return false;
-    if (!published) shared_->world->block(shared_->world_ranks[rank_], shared_, target, me().to_string());
+    if (!on_own_thread()) return false;
+    if (!published) shared_->world->block(world_rank(), shared_, target, me().to_string());
     published = true;
     reason = reason_to_leave(target, true);
     return !reason.empty();
   };
   const WaitResult result = shared_->signal->wait(ready, stuck, deadline, slow);
-  if (published) shared_->world->unblock(shared_->world_ranks[rank_]);
+  if (published) shared_->world->unblock(world_rank());
   if (result == WaitResult::Ready) return;
   if (result == WaitResult::TimedOut) reason = timeout_reason(target);
   if (reason.empty()) throw_poisoned(target);  // a peer left first
@@ -419,6 +428,7 @@ void ThreadsGroup::drain_async() {
 }
 
 WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm algorithm) {
+  note_calling_thread();
   if (!async) {
     // A blocking call runs on the caller's thread, after this rank's queued calls.
     drain_async();
@@ -435,15 +445,21 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
       int rank;
       ~Unstarted() { if (world) world->worker_finished(rank); }
     } unstarted{shared_->world.get(), world_rank};
+    // Woken when the rank's function ends: a handle to the group may outlive it (and
+    // launch waits for the workers), but no more calls can come.
+    shared_->world->add_signal(std::shared_ptr<Signal>(queue_, &queue_->work));
     worker_ = std::thread([queue = queue_, world = shared_->world, world_rank] {
       t_on_async_worker = true;
       while (true) {
         queue->work.wait([&] { return queue->queued.load(std::memory_order_acquire) > 0 || queue->stop.load(); },
-                         [] { return false; }, Clock::time_point::max());
+                         [&] { return world->ended(world_rank); }, Clock::time_point::max());
         std::function<void()> task;
         {
           std::lock_guard<std::mutex> lock(queue->mutex);
-          if (queue->tasks.empty()) break;  // stopped with nothing left to run
+          if (queue->tasks.empty()) {  // stopped, or the rank ended, with nothing left to run
+            queue->closed = true;
+            break;
+          }
           task = std::move(queue->tasks.front());
           queue->tasks.pop_front();
           queue->queued.fetch_sub(1);
@@ -459,6 +475,11 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
   auto work = std::make_shared<ThreadsWork>();
   {
     std::lock_guard<std::mutex> lock(queue_->mutex);
+    if (queue_->closed) {
+      throw std::runtime_error(detail::concat("[", call_kind_name(desc->kind), "] group '", name_, "' (threads, size ",
+                                              size(), ", this is rank ", rank_,
+                                              ") takes no more calls: this rank's launch function has ended"));
+    }
     queue_->tasks.push_back([self = shared_from_this(), desc, algorithm = std::move(algorithm), work] {
       try {
         self->run_now(*desc, algorithm);

@@ -31,6 +31,7 @@
 namespace dtensor::comm::threads {
 
 struct Shared;
+struct P2PRequest;
 
 // One `launch`: the first failure, the ranks that are done, what each rank's own
 // thread waits for, and everything to wake when one of them changes.
@@ -43,10 +44,18 @@ class World {
   void add_signal(const std::shared_ptr<Signal>& signal);
   int size() const { return size_; }
 
-  // A rank whose function returned normally; once its async workers are gone too it
-  // can never join another collective, and peers waiting for it fail at once
-  // instead of at the timeout (ranks whose control flow diverged).
+  // A rank whose function returned normally (a failed ASSERT_* returns too). Its
+  // thread posts no more sends or receives and starts no more calls; only its async
+  // calls already queued can still arrive (each group's pending_async counts them),
+  // and its workers end once their queues are empty. Peers waiting for it fail at
+  // once instead of at the timeout (ranks whose control flow diverged).
   void rank_returned(int rank);
+  bool returned(int rank) const { return returned_[rank].load(); }
+  // A rank whose function ended, returning or throwing (after abort()): its async
+  // workers end once their queues are empty, though handles to its groups may
+  // outlive it (launch waits for the workers).
+  void rank_ended(int rank);
+  bool ended(int rank) const { return ended_[rank].load(); }
   bool gone(int rank) const {
     return returned_[rank].load() && live_workers_[rank].load() == 0;
   }
@@ -57,17 +66,22 @@ class World {
   void wait_for_workers();
 
   // ---- the wait-for graph (wait_graph.cpp) ----------------------------------------
-  // A rank's own thread (not an async worker) waiting at the first barrier of a call
-  // publishes that here while it waits (after its first microseconds: fast waits
-  // publish nothing).
+  // A rank's own thread (the one launch started) waiting at the first barrier of a
+  // call, or for a send or receive of its own to be matched, publishes that here
+  // while it waits (after its first half millisecond: fast waits publish nothing).
   void block(int rank, const std::shared_ptr<Shared>& group, uint64_t target, std::string call);
+  void block_p2p(int rank, const std::shared_ptr<Shared>& group, const std::shared_ptr<P2PRequest>& request,
+                 std::string call);
   void unblock(int rank);
-  // When `rank`, waiting in `group` at barrier `target`, is part of a cycle of ranks
-  // each waiting for the next at a barrier none of them can pass, the cycle
-  // ("rank 0 waits in 'world' in all_reduce(...) for rank 1, which waits in ..."),
-  // else "". Never a false alarm: every rank on the cycle is re-checked to have been
-  // blocked throughout.
-  std::string find_deadlock(int rank, const Shared& group, uint64_t target) const;
+  // When `rank`, blocked as it published, is part of a cycle of ranks each waiting
+  // for the next (at a barrier the next has not reached, or for a send or receive
+  // the next has not posted), the cycle ("launch rank 0 waits in group 'world' in
+  // all_reduce(...) for launch rank 1, which waits in ..."), else "". Never a false
+  // alarm: every rank on the cycle is re-checked to have been blocked throughout.
+  std::string find_deadlock(int rank) const;
+  // A thread other than a rank's own and its async workers communicated for it: the
+  // graph no longer trusts that the rank's own thread, blocked, cannot arrive.
+  void communicates_from_other_threads(int rank) { helper_threads_[rank].store(true, std::memory_order_relaxed); }
 
  private:
   void wake_all();
@@ -75,12 +89,16 @@ class World {
     mutable std::mutex mutex;
     std::atomic<uint64_t> version{0};  // odd while blocked
     std::weak_ptr<Shared> group;
-    uint64_t target = 0;
+    uint64_t target = 0;                  // a barrier of `group`, or
+    std::weak_ptr<P2PRequest> request;    // a send or receive posted in it
     std::string call;
   };
+  void publish(int rank, const std::shared_ptr<Shared>& group, uint64_t target,
+               const std::shared_ptr<P2PRequest>& request, std::string call);
   const int size_;
   std::atomic<bool> aborted_{false};
-  std::unique_ptr<std::atomic<bool>[]> returned_;
+  std::unique_ptr<std::atomic<bool>[]> returned_, ended_;
+  std::unique_ptr<std::atomic<bool>[]> helper_threads_;
   std::unique_ptr<std::atomic<int>[]> live_workers_;
   std::unique_ptr<Blocked[]> blocked_;
   mutable std::mutex mutex_;
@@ -131,7 +149,8 @@ struct alignas(64) Gate {
   std::atomic<uint64_t> poisoned_at{0};  // the barrier a leaver left (written before the bit)
 };
 
-class Mailbox;  // point-to-point matching, p2p.cpp
+class Mailbox;      // point-to-point matching, p2p.h
+struct P2PRequest;
 
 // State shared by the ranks of one group.
 struct Shared {
@@ -163,7 +182,8 @@ struct AsyncQueue {
   std::atomic<int> queued{0};       // tasks in the deque
   std::atomic<int> outstanding{0};  // queued or running
   std::atomic<bool> stop{false};
-  Signal work;  // the worker waits here for tasks (or stop)
+  bool closed = false;  // under mutex: the worker ended (its rank returned), no more tasks
+  Signal work;  // the worker waits here for tasks (or stop, or its rank returning)
   Signal idle;  // drain_async waits here for outstanding == 0
 };
 
@@ -203,10 +223,17 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   // it, so it waits without timeout (algorithms must not throw between barriers).
   void sync();
   Shared& shared() { return *shared_; }
+  const std::shared_ptr<Shared>& shared_ptr() const { return shared_; }
   // Throws the launch's failure if there is one (p2p waits use it too).
   void throw_if_aborted(const char* op) const;
-  // Whether rank r of this group returned from its launch function for good.
-  bool peer_gone(int r) const { return shared_->world->gone(shared_->world_ranks[r]); }
+  // Whether rank r of this group returned from its launch function (it posts no
+  // more sends or receives).
+  bool peer_returned(int r) const { return shared_->world->returned(shared_->world_ranks[r]); }
+  // Its launch rank, and whether the calling thread is that rank's own (launch's).
+  int world_rank() const { return shared_->world_ranks[rank_]; }
+  bool on_own_thread() const;
+  // Marks the rank when a thread of its own communicates (wait_graph.cpp).
+  void note_calling_thread() const;
   [[noreturn]] void throw_peer_gone(const char* op, int r) const;
   // " (launch ranks [3, 5])" for these ranks of a sub-group, "" in the launch's world.
   std::string launch_ranks(const std::vector<int64_t>& ranks) const;
@@ -246,8 +273,17 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   std::thread worker_;
 };
 
-// Whether this thread is an async worker (wait-for graph nodes are ranks' own threads).
+// Whether this thread is an async worker.
 bool on_async_worker();
+// Marks the calling thread as rank `rank` of `world`'s own thread (launch does, for
+// the wait-for graph) for the scope's lifetime.
+class RankThreadScope {
+ public:
+  RankThreadScope(const World* world, int rank);
+  ~RankThreadScope();
+  RankThreadScope(const RankThreadScope&) = delete;
+  RankThreadScope& operator=(const RankThreadScope&) = delete;
+};
 
 // Makes the group of all ranks of a new launch.
 std::shared_ptr<Shared> make_world(std::shared_ptr<World> world, int size);
