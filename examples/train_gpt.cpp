@@ -59,6 +59,7 @@ const std::vector<OptionSpec>& option_specs() {
       {"activation", "gelu", "gelu or swiglu"},
       {"norm", "layernorm", "layernorm or rmsnorm"},
       {"dropout", "0", "dropout probability"},
+      {"tie-weights", "true", "the LM head shares the token embedding (true or false)"},
       {"vocab", "32", "vocabulary of the built-in synthetic task"},
       {"data", "", "train on the characters of this text file instead of the synthetic task"},
       {"lr", "0.003", "peak learning rate (AdamW)"},
@@ -324,6 +325,7 @@ Settings read_settings(const Options& o) {
   s.model.activation = o.choice("activation", {"gelu", "swiglu"}) == "gelu" ? nn::Activation::Gelu : nn::Activation::SwiGlu;
   s.model.rms_norm = o.choice("norm", {"layernorm", "rmsnorm"}) == "rmsnorm";
   s.model.dropout = o.number("dropout");
+  s.model.tie_weights = o.flag("tie-weights");
   s.model.checkpoint_activations = o.flag("checkpoint-activations");
   if (s.model.heads < 1 || s.model.dim % s.model.heads != 0) {
     throw std::invalid_argument("--dim " + std::to_string(s.model.dim) + " must be a multiple of --heads " +
