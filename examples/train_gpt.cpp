@@ -1,11 +1,14 @@
-// Data-parallel GPT training: the same model code on one rank or many.
+// GPT training, data, tensor and pipeline parallel: the same model code on one rank or many.
 //
 //   ./build/examples/train_gpt --mesh dp=2 --steps 200
+//   ./build/examples/train_gpt --mesh pp=4,dp=2,tp=2 --schedule 1f1b --microbatches 8   # 3-D, 16 ranks
+//   ./build/examples/train_gpt --mesh pp=2 --schedule interleaved --virtual-stages 2 --layers 4
 //   ./build/examples/train_gpt --config examples/configs/small.json --precision bf16
 //   ./build/examples/train_gpt --mesh dp=4 --fsdp 3              # ZeRO-3 (FSDP)
 //   ./build/examples/train_gpt --mesh dp=2,tp=2 --fsdp 3         # FSDP over tensor parallel
 //   ./build/examples/train_gpt --mesh replicate=2,dp=2 --fsdp 3 --hsdp
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
+//   ./build/examples/train_gpt --mesh pp=2 --save gpt.dtstate && ./build/examples/generate --load gpt.dtstate
 //
 // Every flag can also come from a JSON file (--config) with the same keys; flags
 // given on the command line win. Run with --help for the list.
@@ -13,6 +16,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -34,7 +38,12 @@ struct OptionSpec {
 
 const std::vector<OptionSpec>& option_specs() {
   static const std::vector<OptionSpec> specs = {
-      {"mesh", "dp=2", "parallel layout: dp=2, tp=2, dp=2,tp=2 or replicate=2,dp=2 (the product is the number of ranks)"},
+      {"mesh", "dp=2",
+       "parallel layout: dp=2, tp=2, dp=2,tp=2, replicate=2,dp=2, pp=4,dp=2,tp=2, ... (the product is the number of ranks)"},
+      {"schedule", "", "with pp: gpipe, 1f1b, interleaved or zero-bubble [1f1b]"},
+      {"microbatches", "0", "with pp: micro-batches per step (0: 2 x pp; interleaved needs a multiple of pp)"},
+      {"virtual-stages", "1", "with --schedule interleaved: stages per pp rank (pp x this <= --layers)"},
+      {"timeline", "", "with pp: write the last step's measured schedule as this SVG (and a Chrome trace beside it)"},
       {"sequence-parallel", "false", "with tp: norms and dropout on sequence shards (Megatron sequence parallelism)",
        true},
       {"gather-logits", "false", "with tp: all-gather the logits before the loss instead of the vocab-parallel loss",
@@ -50,6 +59,7 @@ const std::vector<OptionSpec>& option_specs() {
       {"activation", "gelu", "gelu or swiglu"},
       {"norm", "layernorm", "layernorm or rmsnorm"},
       {"dropout", "0", "dropout probability"},
+      {"tie-weights", "true", "the LM head shares the token embedding (true or false)"},
       {"vocab", "32", "vocabulary of the built-in synthetic task"},
       {"data", "", "train on the characters of this text file instead of the synthetic task"},
       {"lr", "0.003", "peak learning rate (AdamW)"},
@@ -66,6 +76,7 @@ const std::vector<OptionSpec>& option_specs() {
       {"seed", "1234", "seed of the model, the data order and dropout"},
       {"trace", "", "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", "2:2", "FIRST:COUNT of the steps to trace"},
+      {"save", "", "write the trained parameters to this file (read by examples/generate)"},
       {"out", "train_gpt_loss.csv", "loss curve CSV (an SVG chart is written beside it)"},
       {"log", "auto", "auto (redraw on a terminal), plain (a line per step) or quiet"},
       {"config", "", "JSON file with any of these keys"},
@@ -182,8 +193,8 @@ class Options {
   std::map<std::string, std::string> values_;
 };
 
-// The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP; pipeline
-// layouts arrive with their issue).
+// The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP), "pp=4,dp=2,tp=2"
+// (stages on pp, each on its own dp x tp sub-mesh).
 MeshSpec parse_mesh(const std::string& text) {
   MeshSpec mesh;
   try {
@@ -192,9 +203,10 @@ MeshSpec parse_mesh(const std::string& text) {
     throw std::invalid_argument(std::string("--mesh: ") + e.what());
   }
   for (const std::string& name : mesh.names) {
-    if (name != "dp" && name != "tp" && name != "replicate") {
-      throw std::invalid_argument("--mesh: dims are dp (data parallel), tp (tensor parallel) and replicate (HSDP replica groups), got '" +
-                                  name + "'");
+    if (name != "pp" && name != "dp" && name != "tp" && name != "replicate") {
+      throw std::invalid_argument(
+          "--mesh: dims are pp (pipeline stages), dp (data parallel), tp (tensor parallel) and replicate (HSDP replica "
+          "groups), got '" + name + "'");
     }
   }
   return mesh;
@@ -203,6 +215,9 @@ MeshSpec parse_mesh(const std::string& text) {
 struct Settings {
   MeshSpec mesh;
   int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;  // dp: data-parallel ranks (dp x replicate)
+  int64_t pp = 1;  // pipeline ranks; with a pp dim the micro-batches come from the schedule
+  std::optional<parallel::Schedule> schedule;  // with a pp dim
+  std::string timeline, save;
   int64_t fsdp = 0;
   bool hsdp = false;
   bool sequence_parallel = false, loss_parallel = true;
@@ -213,6 +228,60 @@ struct Settings {
   int64_t warmup = 0, vocab = 0;
   uint64_t seed = 0;
 };
+
+// --schedule, --microbatches and --virtual-stages against the mesh and the model: the
+// schedule is built (and checked) here, so a bad combination fails before any rank
+// starts. With a pp dim the micro-batches play grad-accum's part.
+void read_pipeline_settings(const Options& o, Settings& s) {
+  const std::string schedule = o.str("schedule");
+  const int64_t micro_batches = o.integer("microbatches"), virtual_stages = o.integer("virtual-stages");
+  const std::string timeline = o.str("timeline");
+  const bool has_pp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "pp") > 0;
+  if (!has_pp) {
+    const char* asked = !schedule.empty() ? "--schedule" : micro_batches != 0 ? "--microbatches"
+                        : virtual_stages != 1 ? "--virtual-stages" : !timeline.empty() ? "--timeline" : nullptr;
+    if (asked) {
+      throw std::invalid_argument(std::string(asked) + " is for pipeline parallelism: --mesh " + s.mesh.to_string() +
+                                  " has no 'pp' dim (e.g. --mesh pp=2 or pp=4,dp=2,tp=2)");
+    }
+    return;
+  }
+  s.pp = s.mesh.size("pp");
+  parallel::ScheduleKind kind = parallel::ScheduleKind::OneFOneB;
+  try {
+    if (!schedule.empty()) kind = parallel::parse_schedule_kind(schedule);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("--schedule: ") + e.what());
+  }
+  if (kind == parallel::ScheduleKind::ForwardOnly) {
+    throw std::invalid_argument("--schedule forward-only has no backward to train with (examples/generate uses it)");
+  }
+  if (virtual_stages < 1 || (virtual_stages > 1 && kind != parallel::ScheduleKind::Interleaved1F1B)) {
+    throw std::invalid_argument("--virtual-stages " + std::to_string(virtual_stages) +
+                                ": more than 1 stage per rank needs --schedule interleaved (and at least 1)");
+  }
+  if (s.grad_accum != 1) {
+    throw std::invalid_argument("--grad-accum " + std::to_string(s.grad_accum) +
+                                " with a pp dim: the pipeline's micro-batches accumulate, use --microbatches");
+  }
+  const int64_t stages = s.pp * virtual_stages;
+  if (stages > s.model.layers) {
+    throw std::invalid_argument("--mesh pp=" + std::to_string(s.pp) +
+                                (virtual_stages > 1 ? " x --virtual-stages " + std::to_string(virtual_stages) : "") +
+                                " makes " + std::to_string(stages) + " stages of at least one block each, --layers is " +
+                                std::to_string(s.model.layers));
+  }
+  const int64_t m = micro_batches == 0 ? 2 * s.pp : micro_batches;
+  if (m < 1) throw std::invalid_argument("--microbatches: expected at least 1, got " + std::to_string(m));
+  try {
+    s.schedule = parallel::make_schedule(kind, static_cast<int>(s.pp), static_cast<int>(m), static_cast<int>(virtual_stages));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("--schedule " + std::string(parallel::schedule_kind_name(kind)) + " --microbatches " +
+                                std::to_string(m) + ": " + e.what());
+  }
+  s.grad_accum = m;  // the batch splits over dp, then over the micro-batches
+  s.timeline = timeline;
+}
 
 Settings read_settings(const Options& o) {
   Settings s;
@@ -242,18 +311,21 @@ Settings read_settings(const Options& o) {
   s.grad_accum = o.integer("grad-accum");
   if (s.steps < 1) throw std::invalid_argument("--steps: expected at least 1, got " + std::to_string(s.steps));
   if (s.grad_accum < 1) throw std::invalid_argument("--grad-accum: expected at least 1, got " + std::to_string(s.grad_accum));
+  s.model.layers = o.integer("layers");
+  read_pipeline_settings(o, s);
   if (s.batch < 1 || s.batch % (s.dp * s.grad_accum) != 0) {
     throw std::invalid_argument("--batch " + std::to_string(s.batch) + " must be a positive multiple of dp (" +
-                                std::to_string(s.dp) + ") x grad-accum (" + std::to_string(s.grad_accum) + ")");
+                                std::to_string(s.dp) + ") x " + (s.schedule ? "micro-batches (" : "grad-accum (") +
+                                std::to_string(s.grad_accum) + ")");
   }
   s.model.block_size = o.integer("seq-len");
-  s.model.layers = o.integer("layers");
   s.model.dim = o.integer("dim");
   s.model.heads = o.integer("heads");
   s.model.mlp_hidden = o.integer("mlp-hidden");
   s.model.activation = o.choice("activation", {"gelu", "swiglu"}) == "gelu" ? nn::Activation::Gelu : nn::Activation::SwiGlu;
   s.model.rms_norm = o.choice("norm", {"layernorm", "rmsnorm"}) == "rmsnorm";
   s.model.dropout = o.number("dropout");
+  s.model.tie_weights = o.flag("tie-weights");
   s.model.checkpoint_activations = o.flag("checkpoint-activations");
   if (s.model.heads < 1 || s.model.dim % s.model.heads != 0) {
     throw std::invalid_argument("--dim " + std::to_string(s.model.dim) + " must be a multiple of --heads " +
@@ -276,6 +348,7 @@ Settings read_settings(const Options& o) {
   s.trace_first = std::stoll(steps.substr(0, colon));
   s.trace_count = std::stoll(steps.substr(colon + 1));
   s.out = o.str("out");
+  s.save = o.str("save");
   s.log = o.choice("log", {"auto", "plain", "quiet"});
   return s;
 }
@@ -287,87 +360,224 @@ std::unique_ptr<TokenDataset> make_dataset(const Settings& s) {
   return std::make_unique<SyntheticLanguage>(s.vocab, s.model.block_size, sequences, s.seed);
 }
 
-// One rank's training loop. Returns rank 0's log history through `log`.
+// The batch is split over the data-parallel dims (replicate outer, dp inner) and
+// replicated over the others (tp, and the one-rank dim of a pp-only stage mesh); each
+// data-parallel rank reads its own slice. Returns the layout and sets this rank's
+// data-parallel index.
+Placements batch_layout(const DeviceMesh& mesh, int64_t& dp_rank) {
+  Placements layout;
+  dp_rank = 0;
+  for (int d = 0; d < mesh.ndim(); ++d) {
+    const bool data_parallel = mesh.names()[static_cast<size_t>(d)] == "dp" ||
+                               mesh.names()[static_cast<size_t>(d)] == "replicate";
+    layout.push_back(data_parallel ? Shard(0) : Replicate());
+    if (data_parallel) dp_rank = dp_rank * mesh.size(d) + mesh.coordinate(d);
+  }
+  return layout;
+}
+
+// Tensor parallelism on tp, then DDP or FSDP on dp, of one module (the model, or one
+// pipeline stage on its stage mesh). The module's sync, if any, is appended to `syncs`
+// (whose storage the caller keeps).
+struct DataParallelism {
+  std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddps;
+  std::vector<parallel::FSDPModule> fsdps;
+  std::vector<parallel::GradientSync*> syncs;  // one per wrapped module
+  explicit DataParallelism(size_t modules) { fsdps.reserve(modules); }
+
+  void wrap(nn::Module& module, const DeviceMesh& mesh, const Settings& s, std::optional<DType> compute) {
+    const bool has_dp = std::count(mesh.names().begin(), mesh.names().end(), "dp") > 0;
+    if (s.fsdp > 0) {
+      parallel::FSDPOptions options{.stage = static_cast<int>(s.fsdp), .replicate_dim = s.hsdp ? "replicate" : ""};
+      // 16-bit compute: gather the parameters in it, reduce gradients in F32.
+      if (compute) options.mixed_precision = {.param_dtype = compute, .reduce_dtype = DType::F32};
+      for (auto& [name, m] : module.named_modules()) {
+        if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options);
+      }
+      fsdps.push_back(parallel::fully_shard(module, mesh, options));
+      syncs.push_back(&fsdps.back());
+    } else if (has_dp) {
+      ddps.push_back(std::make_unique<parallel::DistributedDataParallel>(
+          module, parallel::DDPOptions{.bucket_cap_mb = s.bucket_mb, .dp_dim = "dp"}));
+      syncs.push_back(ddps.back().get());
+    }
+  }
+};
+
+// What to write beside the parameters so that examples/generate can rebuild the model
+// and read its tokens.
+std::map<std::string, std::string> model_metadata(const nn::GPTConfig& config, const Settings& s,
+                                                  const TokenDataset& data) {
+  std::map<std::string, std::string> m{
+      {"model", "gpt"},
+      {"vocab", std::to_string(config.vocab)},
+      {"block_size", std::to_string(config.block_size)},
+      {"layers", std::to_string(config.layers)},
+      {"heads", std::to_string(config.heads)},
+      {"dim", std::to_string(config.dim)},
+      {"mlp_hidden", std::to_string(config.mlp_hidden)},
+      {"activation", config.activation == nn::Activation::Gelu ? "gelu" : "swiglu"},
+      {"norm", config.rms_norm ? "rmsnorm" : "layernorm"},
+      {"bias", config.bias ? "true" : "false"},
+      {"tie_weights", config.tie_weights ? "true" : "false"},
+      {"trained_on", s.mesh.to_string()},
+      {"steps", std::to_string(s.steps)},
+  };
+  if (const auto* chars = dynamic_cast<const CharDataset*>(&data)) {
+    m["data"] = "chars";
+    m["vocabulary"] = chars->vocabulary();
+  } else {
+    m["data"] = "synthetic";
+    m["data_seed"] = std::to_string(s.seed);
+  }
+  return m;
+}
+
+// Every stage's parameters in one map on the pp group's first rank (the stages'
+// state_dict is collective over each stage mesh; each stage mesh's first rank sends
+// its map as the bytes of a state file).
+std::map<std::string, Tensor> gather_pipeline_state(const parallel::PipelineMesh& pm,
+                                                    const parallel::GPTPipeline& gpt) {
+  std::map<std::string, Tensor> state = gpt.state_dict();
+  if (pm.stage_mesh().linear_index() != 0) return {};
+  const std::string bytes = nn::serialize_state(state);
+  // As I64 words (the collectives move tensors), the length first.
+  std::vector<int64_t> words(1 + (bytes.size() + 7) / 8, 0);
+  words[0] = static_cast<int64_t>(bytes.size());
+  std::memcpy(words.data() + 1, bytes.data(), bytes.size());
+  const std::vector<Tensor> all = all_gather_list(pm.group(), Tensor::from_vector(words));
+  if (pm.coordinate() != 0) return {};
+  std::map<std::string, Tensor> merged;
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::vector<int64_t> w = all[r].to_vector<int64_t>();
+    std::string theirs(static_cast<size_t>(w[0]), '\0');
+    std::memcpy(theirs.data(), w.data() + 1, theirs.size());
+    for (auto& [name, t] : nn::deserialize_state(theirs, "pipeline rank " + std::to_string(r)).tensors) {
+      merged.emplace(name, std::move(t));  // a tied copy is equal to the first
+    }
+  }
+  return merged;
+}
+
+// One rank's training loop: the model (whole, or this rank's pipeline stages), its
+// tensor and data parallelism, AdamW, the log on rank 0.
 void train(Group world, const Settings& s, const TokenDataset& data) {
   DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
   if (!s.trace.empty()) Tracer::record_steps(s.trace_first, s.trace_count);
   nn::GPTConfig config = s.model;
   config.vocab = data.vocab_size();
-  nn::GPT model(mesh, config, s.seed);
-  const bool has_dp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "dp") > 0;
   const bool has_tp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "tp") > 0;
-  // Megatron tensor parallelism on tp (heads, MLP hidden and vocabulary sharded),
-  // data parallelism (bucketed all-reduce) on dp.
-  if (has_tp) {
-    parallel::parallelize_module(model, mesh["tp"],
-                                 parallel::gpt_tp_plan(config, {.sequence_parallel = s.sequence_parallel,
-                                                                .loss_parallel = s.loss_parallel}));
-  }
   const std::optional<DType> compute = s.precision == "bf16" ? std::optional<DType>(DType::BF16)
                                        : s.precision == "fp16" ? std::optional<DType>(DType::F16)
                                                                : std::nullopt;
-  // Data parallelism on dp: DDP, or FSDP per block and then the root (over the
-  // tensor-parallel layouts, if any: dp shards each tp piece).
-  std::optional<parallel::DistributedDataParallel> ddp;
-  std::optional<parallel::FSDPModule> fsdp;
-  if (s.fsdp > 0) {
-    parallel::FSDPOptions options{.stage = static_cast<int>(s.fsdp), .replicate_dim = s.hsdp ? "replicate" : ""};
-    // 16-bit compute: gather the parameters in it, reduce gradients in F32.
-    if (compute) options.mixed_precision = {.param_dtype = compute, .reduce_dtype = DType::F32};
-    for (auto& [name, m] : model.named_modules()) {
-      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options);
-    }
-    fsdp = parallel::fully_shard(model, mesh, options);
-  } else if (has_dp) {
-    ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = s.bucket_mb, .dp_dim = "dp"});
-  }
-  // The batch is split over the data-parallel dims (replicate outer, dp inner) and
-  // replicated over tp; each data-parallel rank reads its own slice.
-  Placements batch_layout;
+  const parallel::GPTPlanOptions tp_options{.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel};
+  const Shape micro_shape{s.batch / s.grad_accum, config.block_size};
   int64_t dp_rank = 0;
-  for (int d = 0; d < mesh.ndim(); ++d) {
-    const bool data_parallel = s.mesh.names[d] != "tp";
-    batch_layout.push_back(data_parallel ? Shard(0) : Replicate());
-    if (data_parallel) dp_rank = dp_rank * mesh.size(d) + mesh.coordinate(d);
+
+  // Without pp: nn::GPT on the whole mesh, micro-batches one after another.
+  std::unique_ptr<nn::GPT> model;
+  // With pp: this rank's stages on its stage mesh, run by the schedule.
+  std::optional<parallel::PipelineMesh> pm;
+  std::unique_ptr<parallel::GPTPipeline> gpt;
+  std::unique_ptr<parallel::Pipeline> pipe;
+  std::vector<DistTensor> parameters;
+  int64_t num_parameters = 0;
+  DataParallelism dp(s.schedule ? static_cast<size_t>(s.schedule->virtual_stages()) : 1);
+  Placements layout;
+  if (!s.schedule) {
+    model = std::make_unique<nn::GPT>(mesh, config, s.seed);
+    // Megatron tensor parallelism on tp (heads, MLP hidden and vocabulary sharded),
+    // then DDP or FSDP on dp (over the tensor-parallel layouts: dp shards each tp piece).
+    if (has_tp) parallel::parallelize_module(*model, mesh["tp"], parallel::gpt_tp_plan(config, tp_options));
+    dp.wrap(*model, mesh, s, compute);
+    parameters = model->parameters();
+    num_parameters = model->num_parameters();
+    layout = batch_layout(mesh, dp_rank);
+  } else {
+    // Stage i on pp coordinate i, each on its own dp x tp sub-mesh, wrapped as a model is.
+    pm.emplace(mesh);
+    const DeviceMesh& stage_mesh = pm->stage_mesh();
+    gpt = std::make_unique<parallel::GPTPipeline>(
+        *pm, config, s.seed,
+        parallel::GPTPipelineOptions{.schedule = s.schedule->kind, .micro_batches = s.schedule->micro_batches,
+                                     .virtual_stages = s.schedule->virtual_stages()});
+    int64_t mine = 0;  // parameters of this rank's stages, the tied head's copy left out
+    for (const auto& stage : gpt->stages()) {
+      if (has_tp) parallel::parallelize_module(*stage, stage_mesh["tp"], parallel::gpt_stage_tp_plan(*stage, tp_options));
+      for (const auto& [name, p] : stage->named_parameters()) {
+        if (name != "tokens.weight" || stage->is_first()) mine += p.numel();
+      }
+      dp.wrap(*stage, stage_mesh, s, compute);
+    }
+    num_parameters = all_reduce(pm->group(), Tensor::scalar(mine)).item<int64_t>();
+    parameters = gpt->parameters();
+    layout = batch_layout(stage_mesh, dp_rank);
   }
-  AdamW optimizer(model.parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
+  DistributedSampler sampler(data.size(), s.batch, dp_rank, s.dp, s.seed, true, s.grad_accum);
+  if (gpt) {
+    const DeviceMesh& stage_mesh = pm->stage_mesh();
+    auto tokens = [&, stage_mesh](int64_t step, int64_t micro, bool targets) {
+      const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
+      return DistTensor::from_local(targets ? batch.targets : batch.inputs, stage_mesh, layout, micro_shape);
+    };
+    pipe = gpt->make_pipeline(
+        dp.syncs, [tokens](int64_t step, int64_t micro) { return tokens(step, micro, false); },
+        [tokens](int64_t step, int64_t micro) { return tokens(step, micro, true); });
+  }
+  AdamW optimizer(parameters, {.lr = s.lr, .weight_decay = s.weight_decay});
   // Short runs (tests, smoke checks) shorten the warmup rather than fail.
   const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
-  DistributedSampler sampler(data.size(), s.batch, dp_rank, s.dp, s.seed, true, s.grad_accum);
   const bool leader = world.rank() == 0;
   std::unique_ptr<TrainLog> log;
   if (leader && s.log != "quiet") {
     log = std::make_unique<TrainLog>(s.steps, s.log == "plain" ? TrainLog::Mode::Plain : TrainLog::Mode::Auto);
     std::printf("%s\n", cpu::summary().c_str());  // the CPU, its kernels and GEMM engines
     for (const std::string& w : cpu::warnings()) std::printf("warning: %s\n", w.c_str());
-    const std::string parallelism = fsdp ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
-                                    : ddp ? "DDP" : "no data parallelism";
+    std::string parallelism = s.fsdp > 0 ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
+                              : !dp.ddps.empty() ? "DDP" : "no data parallelism";
+    if (gpt) {
+      std::string split;
+      for (const parallel::StageLayers& l : gpt->split()) {
+        split += (split.empty() ? "" : " ") + std::to_string(l.first) + "-" + std::to_string(l.end - 1);
+      }
+      parallelism += ", " + gpt->schedule().name + " over " + std::to_string(gpt->schedule().micro_batches) +
+                     " micro-batches, " + std::to_string(gpt->schedule().stages) + " stages (blocks " + split + ")";
+    }
     std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
                 "%s%s\n",
-                static_cast<long long>(model.num_parameters()), static_cast<long long>(config.layers),
+                static_cast<long long>(num_parameters), static_cast<long long>(config.layers),
                 static_cast<long long>(config.dim), static_cast<long long>(config.heads),
                 static_cast<long long>(config.vocab), static_cast<long long>(config.block_size),
                 mesh.to_string().c_str(), parallelism.c_str(), world.backend().c_str(), s.precision.c_str(),
                 config.checkpoint_activations ? ", activation checkpointing" : "");
   }
-  parallel::GradientSync* sync = fsdp ? static_cast<parallel::GradientSync*>(&*fsdp) : ddp ? &*ddp : nullptr;
-  parallel::TrainerOptions training{.grad_accum = s.grad_accum,
+  // A pipeline accumulates its own micro-batches and synchronises each stage.
+  parallel::TrainerOptions training{.grad_accum = pipe ? 1 : s.grad_accum,
                                     .clip_grad_norm = s.clip,
-                                    .compute_dtype = fsdp ? std::nullopt : compute,
+                                    .compute_dtype = s.fsdp > 0 ? std::nullopt : compute,
                                     .schedule = &schedule,
-                                    .sync = sync,
+                                    .sync = dp.syncs.empty() || pipe ? nullptr : dp.syncs.front(),
                                     .tokens_per_step = s.batch * config.block_size};
   if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
   parallel::Trainer trainer(optimizer, training);
-  const Shape micro_shape{s.batch / s.grad_accum, config.block_size};
   for (int64_t step = 0; step < s.steps; ++step) {
-    const parallel::StepReport report = trainer.step(step, [&](int64_t micro) {
-      const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, batch_layout, micro_shape);
-      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, batch_layout, micro_shape);
-      return model.loss(ids, targets);
-    });
+    const parallel::StepReport report =
+        pipe ? trainer.step(step, *pipe) : trainer.step(step, [&](int64_t micro) {
+          const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
+          const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, micro_shape);
+          const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, micro_shape);
+          return model->loss(ids, targets);
+        });
     if (log) log->step(report.stats);
+  }
+  std::optional<parallel::Timeline> timeline;
+  if (pipe) timeline = pipe->gather_timeline(pipe->schedule().name + " on " + mesh.to_string() + ", last step, measured");
+  if (!s.save.empty()) {
+    const std::map<std::string, Tensor> state = gpt ? gather_pipeline_state(*pm, *gpt) : model->state_dict();
+    if (leader) {
+      nn::save_state_file(s.save, state, model_metadata(config, s, data));
+      std::printf("parameters: %s (%zu tensors)\n", s.save.c_str(), state.size());
+    }
   }
   if (log) {
     log->finish();
@@ -377,6 +587,21 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       std::printf("fp16 loss scale %g, %lld skipped steps\n", scaler->scale_value(),
                   static_cast<long long>(scaler->skipped_steps()));
     }
+    if (timeline) {
+      const parallel::Schedule& sched = pipe->schedule();
+      std::printf("pipeline: last step's bubble %.1f%% measured, %.1f%% in theory for equal stages (%s, p=%d, m=%d%s)\n",
+                  100 * timeline->bubble_fraction(),
+                  100 * parallel::theoretical_bubble(sched.kind, sched.ranks, sched.micro_batches, sched.virtual_stages()),
+                  sched.name.c_str(), sched.ranks, sched.micro_batches,
+                  sched.virtual_stages() > 1 ? (", v=" + std::to_string(sched.virtual_stages())).c_str() : "");
+    }
+  }
+  if (leader && timeline && !s.timeline.empty()) {
+    const size_t dot = s.timeline.rfind('.');
+    const std::string trace = (dot == std::string::npos ? s.timeline : s.timeline.substr(0, dot)) + ".json";
+    timeline->write_svg(s.timeline);
+    timeline->write_chrome_trace(trace);
+    std::printf("pipeline timeline: %s and %s (Perfetto)\n", s.timeline.c_str(), trace.c_str());
   }
 }
 

@@ -20,6 +20,7 @@
 #include "dtensor/nn/gpt.h"
 #include "dtensor/nn/layers.h"
 #include "dtensor/nn/module.h"
+#include "dtensor/nn/state_file.h"
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"

@@ -484,8 +484,22 @@ class MPIWork final : public WorkImpl {
   bool is_completed() override {
     if (!owned_by_mpi()) return done_ || requests.empty() || finish_if_done();
     int flag = 0;
-    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
-    return flag != 0 && finish_if_done();
+    std::vector<MPI_Status> statuses(requests.size());
+    MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, statuses.data());
+    if (flag == 0) return false;
+    // The requests are freed now: a later wait() would see empty statuses, so the
+    // received sizes are checked here (wait() rethrows a mismatch).
+    if (!done_ && !p2p.empty()) {
+      try {
+        check_received(statuses);
+        finish();
+      } catch (...) {
+        error_ = std::current_exception();
+        done_ = true;
+      }
+      return true;
+    }
+    return finish_if_done();
   }
 
  private:
