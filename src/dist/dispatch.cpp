@@ -165,14 +165,17 @@ double deferred_reduction_cost(const Strategy& s, const Shape& out_shape, const 
   return seconds;
 }
 
-double redistribution_cost(const DistTensor& t, const Placements& to) {
-  if (t.placements() == to) return 0;
+// Predicted seconds of moving a tensor of t's shape, dtype and mesh from one layout
+// to another (0 when both name the same layout).
+double move_cost(const DistTensor& t, const Placements& from, const Placements& to) {
+  if (from == to) return 0;
+  const Placements source = redistribution::canonicalize(from, t.dim());
   const Placements target = redistribution::canonicalize(to, t.dim());
-  if (redistribution::layout_key(t.placements(), t.mesh().shape(), t.dim()) ==
+  if (redistribution::layout_key(source, t.mesh().shape(), t.dim()) ==
       redistribution::layout_key(target, t.mesh().shape(), t.dim())) {
     return 0;
   }
-  return redistribution::find_plan(t.placements(), target, t.shape(), t.mesh(), t.dtype())->predicted_seconds;
+  return redistribution::find_plan(source, target, t.shape(), t.mesh(), t.dtype())->predicted_seconds;
 }
 
 // ---- the per-rank cache ------------------------------------------------------------
@@ -246,26 +249,19 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
   auto replicated = [](const Placements& p) {
     return std::count_if(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
   };
-  // An input that will receive a gradient pays for its move twice: each op's backward
-  // runs against the inputs as they were, so the gradient computed in the moved
-  // layout travels back (an all-to-all for an all-to-all, a reduce-scatter for an
-  // all-gather, the same bytes). Without this, moving an activation and a weight
-  // (all-to-all + all-gather) looks cheaper than Megatron's row-parallel Partial
-  // output, and backward then pays both moves again.
-  // The way back is priced as the larger of the move and its reverse: a free chunk
-  // R -> S comes back as an all-gather of the gradient, an all-gather S -> R as a
+  // An input that will receive a gradient also pays for its gradient's way back: each
+  // op's backward runs against the inputs as they were, so a gradient computed in the
+  // moved layout travels back. Priced as the larger of the move and its reverse plan:
+  // an all-to-all comes back as an all-to-all, an all-gather S -> R as a
   // reduce-scatter of a Partial gradient (the reverse plan, R -> S, would say free),
-  // a move to a Partial as itself (its gradient is not reduced).
-  auto mirror = [&](size_t j, const Placements& moved, double forward) {
+  // a free chunk R -> S as an all-gather, a move to a Partial (a bias added to a
+  // Partial) as itself (its gradient is not reduced). Without this, moving an
+  // activation and a weight looks cheaper than Megatron's row-parallel Partial
+  // output, and backward then pays both moves again.
+  auto way_back = [&](size_t j, const Placements& moved, double forward) {
     if (!gets_gradient(inputs[j]) || forward == 0) return 0.0;
-    // R -> P (a bias added to a Partial) takes its gradient back as it is.
     if (std::any_of(moved.begin(), moved.end(), [](const Placement& p) { return p.is_partial(); })) return forward;
-    const DistTensor& t = inputs[j];
-    const Placements back = redistribution::canonicalize(t.placements(), t.dim());
-    const double reverse =
-        redistribution::find_plan(redistribution::canonicalize(moved, t.dim()), back, t.shape(), t.mesh(), t.dtype())
-            ->predicted_seconds;
-    return std::max(forward, reverse);
+    return std::max(forward, move_cost(inputs[j], moved, inputs[j].placements()));
   };
   size_t best = 0;
   double best_cost = 0;
@@ -274,8 +270,8 @@ size_t choose_strategy(const std::vector<Strategy>& strategies, const std::vecto
     double cost = strategies[i].deferred_seconds;
     int changes = 0;
     for (size_t j = 0; j < inputs.size(); ++j) {
-      const double forward = redistribution_cost(inputs[j], strategies[i].inputs[j]);
-      cost += forward + mirror(j, strategies[i].inputs[j], forward);
+      const double forward = move_cost(inputs[j], inputs[j].placements(), strategies[i].inputs[j]);
+      cost += forward + way_back(j, strategies[i].inputs[j], forward);
       changes += strategies[i].inputs[j] != inputs[j].placements();
     }
     const double tolerance = std::max(1e-8, 0.01 * std::min(cost, best_cost));
@@ -351,7 +347,7 @@ const Strategy* lookup(std::string_view op, const std::vector<int64_t>& attribut
     key.push_back(-1 - static_cast<int64_t>(t.dtype()));
     key.insert(key.end(), t.shape().begin(), t.shape().end());
     encode(key, t.placements());
-    key.push_back(gets_gradient(t));  // its moves count twice (choose_strategy)
+    key.push_back(gets_gradient(t));  // its moves are priced with their way back
   }
   auto it = strategy_cache.find(key);
   if (it == strategy_cache.end()) return nullptr;
@@ -412,7 +408,7 @@ std::string describe(std::string_view op, const Strategy& s, const std::vector<D
   os << "[dispatch] " << op << ":";
   double total = 0;
   for (size_t j = 0; j < inputs.size(); ++j) {
-    const double c = redistribution_cost(inputs[j], s.inputs[j]);
+    const double c = move_cost(inputs[j], inputs[j].placements(), s.inputs[j]);
     total += c;
     os << " in" << j << " " << shape_to_string(inputs[j].shape()) << " "
        << placements_to_string(inputs[j].placements());
