@@ -35,6 +35,16 @@ std::string cache_key(const Placements& from, const Placements& to, const Shape&
   return key.str();
 }
 
+// Partials of different kinds cannot be resolved together, except on size-1 mesh
+// dims, where a Partial reduces nothing: the relabelled start below may carry the
+// target's P(sum) there beside a P(max) still to resolve on another dim.
+bool partials_compatible_on(Placements placements, const Shape& mesh_shape) {
+  for (size_t i = 0; i < placements.size(); ++i) {
+    if (mesh_shape[i] == 1) placements[i] = Replicate();
+  }
+  return partials_compatible(placements);
+}
+
 std::shared_ptr<const Plan> search(const Placements& from, const Placements& to, const Shape& shape,
                                    const DeviceMesh& mesh, DType dtype) {
   const int64_t ndim = static_cast<int64_t>(shape.size());
@@ -70,7 +80,7 @@ std::shared_ptr<const Plan> search(const Placements& from, const Placements& to,
       moves.clear();
       transform->moves(here, target, mesh_shape, ndim, moves);
       for (const Move& move : moves) {
-        if (!partials_compatible(move.after)) continue;
+        if (!partials_compatible_on(move.after, mesh_shape)) continue;
         const StepContext ctx{mesh, shape, dtype, here, move.after, move.mesh_dim};
         const double seconds = transform->predict(ctx, model);
         const double next_cost = cost + seconds + kStepPenalty;

@@ -53,6 +53,9 @@ TEST(Json, SyntaxErrorsNameLineAndColumn) {
                    "1:2: expected a number within the range of a double, got 5e1103");
   EXPECT_THROW_MSG(parse_json("-1e400"), std::invalid_argument, "range of a double");
   EXPECT_EQ(parse_json("1e308").dump(), parse_json(parse_json("1e308").dump()).dump());
+  // Also found by fuzz_config: -0 dumped as "-0", which reads back as the integer 0.
+  EXPECT_EQ(parse_json("[1, -0e0]").dump(), "[1,-0.0]");
+  EXPECT_EQ(parse_json(parse_json("-0.0").dump()).dump(), "-0.0");
 }
 
 TEST(Config, TypedAccessDefaultsAndErrorsNamingTheKey) {

@@ -159,6 +159,19 @@ TEST(Redistribute, CanonicalCasesUseTheExpectedCollective) {
   });
 }
 
+// Found by tests/fuzz/fuzz_redistribute: a size-1 mesh dim takes the target's P(sum)
+// for free while P(max) is still to resolve on the other dims; the planner refused
+// every move from that start ("no path") as mixing Partial kinds.
+TEST(Redistribute, SizeOneMeshDimsDoNotMixPartialKinds) {
+  launch(4, [](Group g) {
+    const DeviceMesh mesh(g, {2, 2, 1});
+    const Tensor full = Tensor::randn({4, 3}, 7);
+    const Placements max2{Partial(ReduceOp::Max), Partial(ReduceOp::Max), Replicate()};
+    check_pair(full, mesh, max2, {Replicate(), Shard(0), Partial()});
+    check_pair(full, mesh, {Replicate(), Shard(0), Partial()}, max2);
+  });
+}
+
 // Replicate -> Shard(d) is a local chunk whatever d and the size: never a free chunk
 // of dim 0 and an all-to-all of data the rank already holds (the all-to-all also
 // copies the piece a rank keeps, so it cannot undercut the strided local copy).

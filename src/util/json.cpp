@@ -136,6 +136,8 @@ std::string JsonValue::dump() const {
     case Kind::Bool: return bool_ ? "true" : "false";
     case Kind::Number: {
       if (is_integer_) return std::to_string(integer_);
+      // -0 would read back as the integer 0; keep it a double, sign and all.
+      if (number_ == 0 && std::signbit(number_)) return "-0.0";
       // The shortest form that reads back exactly: 3e-4 prints as 0.0003, not as
       // 0.00029999999999999997.
       char buf[32];
