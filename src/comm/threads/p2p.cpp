@@ -6,6 +6,7 @@
 
 #include "comm/threads/threads_group.h"
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::comm::threads {
 namespace {
