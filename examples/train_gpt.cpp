@@ -11,187 +11,28 @@
 //   ./build/examples/train_gpt --mesh pp=2 --save gpt.dtstate && ./build/examples/generate --load gpt.dtstate
 //
 // Every flag can also come from a JSON file (--config) with the same keys; flags
-// given on the command line win. Run with --help for the list.
+// given on the command line win. Run with --help for the list. The keys, their
+// types, defaults and help are one table, examples/common/train_config.cpp.
 #include <dtensor/dtensor.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
+#include "train_config.h"  // the keys of the flags and the config file (examples/common)
+#include "train_log.h"
+
 using namespace dtensor;
+using dtensor::tools::TrainConfig;
+using dtensor::tools::TrainLog;
 
 namespace {
-
-// Every option, its default and its help text, in one table.
-struct OptionSpec {
-  const char* name;
-  const char* fallback;
-  const char* help;
-  bool is_flag = false;  // a boolean switch without a value
-};
-
-const std::vector<OptionSpec>& option_specs() {
-  static const std::vector<OptionSpec> specs = {
-      {"mesh", "dp=2",
-       "parallel layout: dp=2, tp=2, dp=2,tp=2, replicate=2,dp=2, pp=4,dp=2,tp=2, ... (the product is the number of ranks)"},
-      {"schedule", "", "with pp: gpipe, 1f1b, interleaved or zero-bubble [1f1b]"},
-      {"microbatches", "0", "with pp: micro-batches per step (0: 2 x pp; interleaved needs a multiple of pp)"},
-      {"virtual-stages", "1", "with --schedule interleaved: stages per pp rank (pp x this <= --layers)"},
-      {"timeline", "", "with pp: write the last step's measured schedule as this SVG (and a Chrome trace beside it)"},
-      {"sequence-parallel", "false", "with tp: norms and dropout on sequence shards (Megatron sequence parallelism)",
-       true},
-      {"gather-logits", "false", "with tp: all-gather the logits before the loss instead of the vocab-parallel loss",
-       true},
-      {"backend", "threads", "threads (ranks are threads of this process) or mpi (run under mpirun)"},
-      {"steps", "200", "optimizer steps"},
-      {"batch", "16", "global batch in sequences (split over dp, then over grad-accum)"},
-      {"seq-len", "32", "tokens per sequence"},
-      {"layers", "2", "transformer blocks"},
-      {"dim", "64", "model width"},
-      {"heads", "4", "attention heads"},
-      {"mlp-hidden", "0", "MLP width (0: 4 x dim)"},
-      {"activation", "gelu", "gelu or swiglu"},
-      {"norm", "layernorm", "layernorm or rmsnorm"},
-      {"dropout", "0", "dropout probability"},
-      {"tie-weights", "true", "the LM head shares the token embedding (true or false)"},
-      {"vocab", "32", "vocabulary of the built-in synthetic task"},
-      {"data", "", "train on the characters of this text file instead of the synthetic task"},
-      {"lr", "0.003", "peak learning rate (AdamW)"},
-      {"min-lr", "0.0003", "learning rate at the end of the cosine decay"},
-      {"warmup", "20", "linear warmup steps"},
-      {"weight-decay", "0.01", "AdamW decoupled weight decay"},
-      {"clip", "1.0", "gradient clipping by global norm (0: off)"},
-      {"precision", "fp32", "fp32, bf16 or fp16 (16-bit compute, FP32 master weights; fp16 scales the loss)"},
-      {"grad-accum", "1", "micro-batches per step"},
-      {"checkpoint-activations", "false", "recompute each block's activations in backward", true},
-      {"bucket-mb", "25", "DDP gradient bucket size in MiB"},
-      {"fsdp", "0", "0: DDP on dp; 1, 2, 3: FSDP with that ZeRO stage, sharded over the mesh dim dp"},
-      {"hsdp", "false", "hybrid sharding: FSDP within dp, replicas across the mesh dim 'replicate'", true},
-      {"seed", "1234", "seed of the model, the data order and dropout"},
-      {"trace", "", "write a Chrome trace (Perfetto) of the traced steps to this file"},
-      {"trace-steps", "2:2", "FIRST:COUNT of the steps to trace"},
-      {"save", "", "write the trained parameters to this file (read by examples/generate)"},
-      {"out", "train_gpt_loss.csv", "loss curve CSV (an SVG chart is written beside it)"},
-      {"log", "auto", "auto (redraw on a terminal), plain (a line per step) or quiet"},
-      {"config", "", "JSON file with any of these keys"},
-  };
-  return specs;
-}
-
-std::string usage() {
-  std::ostringstream os;
-  os << "usage: train_gpt [--key value | --key=value ...]\n";
-  for (const OptionSpec& s : option_specs()) {
-    os << "  --" << s.name << (s.is_flag ? "" : " V") << std::string(28 - std::string(s.name).size() - (s.is_flag ? 0 : 2), ' ')
-       << s.help << (s.fallback[0] && !s.is_flag ? std::string(" [") + s.fallback + "]" : "") << "\n";
-  }
-  return os.str();
-}
-
-// The options as strings, from defaults, then the config file, then the flags.
-class Options {
- public:
-  Options(int argc, char** argv) {
-    for (const OptionSpec& s : option_specs()) values_[s.name] = s.fallback;
-    std::map<std::string, std::string> flags;
-    for (int i = 1; i < argc; ++i) {
-      std::string arg = argv[i];
-      if (arg == "--help" || arg == "-h") throw HelpRequested();
-      if (arg.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + arg + "' (options start with --)");
-      arg = arg.substr(2);
-      std::string value;
-      const size_t eq = arg.find('=');
-      if (eq != std::string::npos) {
-        value = arg.substr(eq + 1);
-        arg = arg.substr(0, eq);
-      }
-      const OptionSpec* spec = find(arg);
-      if (!spec) throw std::invalid_argument("unknown option --" + arg + " (see --help)");
-      if (eq == std::string::npos) {
-        if (spec->is_flag) {
-          value = "true";
-        } else {
-          if (i + 1 >= argc) throw std::invalid_argument("option --" + arg + " needs a value");
-          value = argv[++i];
-        }
-      }
-      flags[arg] = value;
-    }
-    if (flags.count("config") && !flags["config"].empty()) load_config(flags["config"]);
-    for (const auto& [k, v] : flags) values_[k] = v;
-  }
-
-  struct HelpRequested {};
-
-  std::string str(const std::string& key) const { return values_.at(key); }
-  int64_t integer(const std::string& key) const {
-    const std::string& v = values_.at(key);
-    char* end = nullptr;
-    const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end) throw std::invalid_argument("--" + key + ": expected an integer, got '" + v + "'");
-    return x;
-  }
-  double number(const std::string& key) const {
-    const std::string& v = values_.at(key);
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || *end) throw std::invalid_argument("--" + key + ": expected a number, got '" + v + "'");
-    return x;
-  }
-  bool flag(const std::string& key) const {
-    const std::string& v = values_.at(key);
-    if (v == "true" || v == "1") return true;
-    if (v == "false" || v == "0") return false;
-    throw std::invalid_argument("--" + key + ": expected true or false, got '" + v + "'");
-  }
-  std::string choice(const std::string& key, const std::vector<std::string>& allowed) const {
-    const std::string& v = values_.at(key);
-    for (const std::string& a : allowed) {
-      if (v == a) return v;
-    }
-    std::string list;
-    for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
-    throw std::invalid_argument("--" + key + ": expected one of " + list + ", got '" + v + "'");
-  }
-
- private:
-  static const OptionSpec* find(const std::string& name) {
-    for (const OptionSpec& s : option_specs()) {
-      if (name == s.name) return &s;
-    }
-    return nullptr;
-  }
-
-  void load_config(const std::string& path) {
-    const Config config = Config::from_file(path);
-    for (const std::string& key : config.keys()) {
-      const OptionSpec* spec = find(key);
-      if (!spec || key == "config") throw std::invalid_argument("[config] " + path + ": unknown key \"" + key + "\"");
-      const JsonValue& v = config.get(key);
-      if (spec->is_flag) {
-        values_[key] = config.get_bool(key) ? "true" : "false";
-      } else if (v.is_string()) {
-        values_[key] = config.get_string(key);
-      } else if (v.is_number()) {
-        std::ostringstream os;
-        os.precision(17);
-        os << config.get_double(key);
-        values_[key] = os.str();
-      } else {
-        throw std::invalid_argument("[config] " + path + ": key \"" + key + "\": expected a string or a number, got " +
-                                    JsonValue::kind_name(v.kind()));
-      }
-    }
-  }
-
-  std::map<std::string, std::string> values_;
-};
 
 // The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP), "pp=4,dp=2,tp=2"
 // (stages on pp, each on its own dp x tp sub-mesh).
@@ -232,10 +73,10 @@ struct Settings {
 // --schedule, --microbatches and --virtual-stages against the mesh and the model: the
 // schedule is built (and checked) here, so a bad combination fails before any rank
 // starts. With a pp dim the micro-batches play grad-accum's part.
-void read_pipeline_settings(const Options& o, Settings& s) {
-  const std::string schedule = o.str("schedule");
-  const int64_t micro_batches = o.integer("microbatches"), virtual_stages = o.integer("virtual-stages");
-  const std::string timeline = o.str("timeline");
+void read_pipeline_settings(const TrainConfig& o, Settings& s) {
+  const std::string schedule = o.schedule;
+  const int64_t micro_batches = o.microbatches, virtual_stages = o.virtual_stages;
+  const std::string timeline = o.timeline;
   const bool has_pp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "pp") > 0;
   if (!has_pp) {
     const char* asked = !schedule.empty() ? "--schedule" : micro_batches != 0 ? "--microbatches"
@@ -283,73 +124,82 @@ void read_pipeline_settings(const Options& o, Settings& s) {
   s.timeline = timeline;
 }
 
-Settings read_settings(const Options& o) {
+Settings read_settings(const TrainConfig& o) {
   Settings s;
-  s.mesh = parse_mesh(o.str("mesh"));
+  s.mesh = parse_mesh(o.mesh);
   s.dp = s.mesh.size("dp") * s.mesh.size("replicate");
   s.tp = s.mesh.size("tp");
   const auto has = [&](const char* name) { return std::count(s.mesh.names.begin(), s.mesh.names.end(), name) > 0; };
-  s.fsdp = o.integer("fsdp");
-  s.hsdp = o.flag("hsdp");
+  s.fsdp = o.fsdp;
+  s.hsdp = o.hsdp;
   if (s.fsdp < 0 || s.fsdp > 3) throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
   if (s.fsdp > 0 && !has("dp")) {
-    throw std::invalid_argument("--fsdp " + std::to_string(s.fsdp) + " shards over the mesh dim 'dp', --mesh " + o.str("mesh") +
-                                " has none");
+    throw std::invalid_argument("--fsdp " + std::to_string(s.fsdp) + " shards over the mesh dim 'dp', --mesh " +
+                                o.mesh + " has none");
   }
   if (s.hsdp && (s.fsdp == 0 || !has("replicate"))) {
-    throw std::invalid_argument("--hsdp needs --fsdp 1|2|3 and a 'replicate' mesh dim (e.g. --mesh replicate=2,dp=2), got --fsdp " +
-                                std::to_string(s.fsdp) + " --mesh " + o.str("mesh"));
+    throw std::invalid_argument(
+        "--hsdp needs --fsdp 1|2|3 and a 'replicate' mesh dim (e.g. --mesh replicate=2,dp=2), got --fsdp " +
+        std::to_string(s.fsdp) + " --mesh " + o.mesh);
   }
   if (!s.hsdp && has("replicate")) {
-    throw std::invalid_argument("--mesh " + o.str("mesh") + ": a 'replicate' dim is for HSDP (add --fsdp N --hsdp)");
+    throw std::invalid_argument("--mesh " + o.mesh + ": a 'replicate' dim is for HSDP (add --fsdp N --hsdp)");
   }
-  s.sequence_parallel = o.flag("sequence-parallel");
-  s.loss_parallel = !o.flag("gather-logits");
-  s.backend = o.choice("backend", {"threads", "mpi"});
-  s.steps = o.integer("steps");
-  s.batch = o.integer("batch");
-  s.grad_accum = o.integer("grad-accum");
+  s.sequence_parallel = o.sequence_parallel;
+  s.loss_parallel = !o.gather_logits;
+  s.backend = o.backend;
+  s.steps = o.steps;
+  s.batch = o.batch;
+  s.grad_accum = o.grad_accum;
   if (s.steps < 1) throw std::invalid_argument("--steps: expected at least 1, got " + std::to_string(s.steps));
   if (s.grad_accum < 1) throw std::invalid_argument("--grad-accum: expected at least 1, got " + std::to_string(s.grad_accum));
-  s.model.layers = o.integer("layers");
+  s.model.layers = o.layers;
   read_pipeline_settings(o, s);
   if (s.batch < 1 || s.batch % (s.dp * s.grad_accum) != 0) {
     throw std::invalid_argument("--batch " + std::to_string(s.batch) + " must be a positive multiple of dp (" +
                                 std::to_string(s.dp) + ") x " + (s.schedule ? "micro-batches (" : "grad-accum (") +
                                 std::to_string(s.grad_accum) + ")");
   }
-  s.model.block_size = o.integer("seq-len");
-  s.model.dim = o.integer("dim");
-  s.model.heads = o.integer("heads");
-  s.model.mlp_hidden = o.integer("mlp-hidden");
-  s.model.activation = o.choice("activation", {"gelu", "swiglu"}) == "gelu" ? nn::Activation::Gelu : nn::Activation::SwiGlu;
-  s.model.rms_norm = o.choice("norm", {"layernorm", "rmsnorm"}) == "rmsnorm";
-  s.model.dropout = o.number("dropout");
-  s.model.tie_weights = o.flag("tie-weights");
-  s.model.checkpoint_activations = o.flag("checkpoint-activations");
+  s.model.block_size = o.seq_len;
+  s.model.dim = o.dim;
+  s.model.heads = o.heads;
+  s.model.mlp_hidden = o.mlp_hidden;
+  s.model.activation = o.activation == "gelu" ? nn::Activation::Gelu : nn::Activation::SwiGlu;
+  s.model.rms_norm = o.norm == "rmsnorm";
+  s.model.dropout = o.dropout;
+  s.model.tie_weights = o.tie_weights;
+  s.model.checkpoint_activations = o.checkpoint_activations;
   if (s.model.heads < 1 || s.model.dim % s.model.heads != 0) {
     throw std::invalid_argument("--dim " + std::to_string(s.model.dim) + " must be a multiple of --heads " +
                                 std::to_string(s.model.heads));
   }
-  s.vocab = o.integer("vocab");
-  s.data = o.str("data");
-  s.lr = o.number("lr");
-  s.min_lr = o.number("min-lr");
-  s.warmup = o.integer("warmup");
-  s.weight_decay = o.number("weight-decay");
-  s.clip = o.number("clip");
-  s.bucket_mb = o.number("bucket-mb");
-  s.precision = o.choice("precision", {"fp32", "bf16", "fp16"});
-  s.seed = static_cast<uint64_t>(o.integer("seed"));
-  s.trace = o.str("trace");
-  const std::string steps = o.str("trace-steps");
+  s.vocab = o.vocab;
+  s.data = o.data;
+  s.lr = o.lr;
+  s.min_lr = o.min_lr;
+  s.warmup = o.warmup;
+  s.weight_decay = o.weight_decay;
+  s.clip = o.clip;
+  s.bucket_mb = o.bucket_mb;
+  s.precision = o.precision;
+  s.seed = static_cast<uint64_t>(o.seed);
+  s.trace = o.trace;
+  const std::string steps = o.trace_steps;
   const size_t colon = steps.find(':');
   if (colon == std::string::npos) throw std::invalid_argument("--trace-steps: expected FIRST:COUNT, got '" + steps + "'");
-  s.trace_first = std::stoll(steps.substr(0, colon));
-  s.trace_count = std::stoll(steps.substr(colon + 1));
-  s.out = o.str("out");
-  s.save = o.str("save");
-  s.log = o.choice("log", {"auto", "plain", "quiet"});
+  const auto whole = [&](const std::string& part) {
+    char* end = nullptr;
+    const long long value = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end || value < 0) {
+      throw std::invalid_argument("--trace-steps: expected FIRST:COUNT, two whole numbers, got '" + steps + "'");
+    }
+    return static_cast<int64_t>(value);
+  };
+  s.trace_first = whole(steps.substr(0, colon));
+  s.trace_count = whole(steps.substr(colon + 1));
+  s.out = o.out;
+  s.save = o.save;
+  s.log = o.log;
   return s;
 }
 
@@ -610,10 +460,10 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
 int main(int argc, char** argv) {
   Settings settings;
   try {
-    settings = read_settings(Options(argc, argv));
-  } catch (const Options::HelpRequested&) {
-    std::printf("%s", usage().c_str());
-    return 0;
+    // Defaults, then the config file (--config), then the flags given here.
+    const std::optional<TrainConfig> config = tools::parse_train_args(argc, argv);
+    if (!config) return 0;  // --help
+    settings = read_settings(*config);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 2;

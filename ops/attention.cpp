@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -14,6 +14,7 @@
 // The reduction runs on DistTensors: Mean divides the sum of per-row losses by the
 // global number of targets that are not ignore_index.
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

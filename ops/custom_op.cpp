@@ -5,6 +5,7 @@
 
 #include "dtensor/sharding_rule.h"
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

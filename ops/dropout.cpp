@@ -9,6 +9,7 @@
 // whatever layout the gradient has (the mask is a function of the global index).
 #include "dtensor/random.h"
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

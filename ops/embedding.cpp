@@ -11,6 +11,7 @@
 // (masked, with the row offset, for vocab-parallel); it is Partial(sum) over mesh
 // dims that shard the ids (each rank summed only its ids' rows).
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

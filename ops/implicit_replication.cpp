@@ -1,5 +1,6 @@
 // ImplicitReplication: where plain Tensors may join DistTensor ops as replicated.
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

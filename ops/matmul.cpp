@@ -5,6 +5,7 @@
 // Partial(sum) (row parallel), shard a batch dim -> output S(batch); a Partial
 // operand passes through when the other is replicated (matmul is bilinear).
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

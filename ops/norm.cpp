@@ -11,6 +11,7 @@
 //   the normalized dims -> Partial(sum), reduced by the rules of sub and add), so
 //   x is never gathered; autograd comes from the composite.
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/dispatch.h"
+#include "dist_tensor/dispatch.h"
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
 #include "dtensor/trace.h"

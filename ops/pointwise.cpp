@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

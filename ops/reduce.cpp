@@ -9,6 +9,7 @@
 
 #include "ops/op_helpers.h"
 #include "placements/transform.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -15,6 +15,7 @@
 #include <numeric>
 
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -3,6 +3,7 @@
 // wherever it moves; size-1 and stretched dims are never sharded), so they never
 // communicate unless an input is sharded on a dim that disappears or stretches.
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -27,6 +27,7 @@
 #include <algorithm>
 
 #include "ops/op_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -10,6 +10,7 @@
 //   all-reduced by the rule of div or log), out = e / s or x - m - log(s). Two
 //   all-reduces of the reduced-size statistics; autograd comes from the composite.
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

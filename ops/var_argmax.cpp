@@ -16,6 +16,7 @@
 #include <set>
 
 #include "ops/nn_helpers.h"
+#include "util/check.h"
 
 namespace dtensor {
 

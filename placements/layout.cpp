@@ -25,7 +25,14 @@ std::string layout_key(const Placements& placements, const Shape& mesh_shape, in
   std::string key;
   for (size_t i = 0; i < placements.size(); ++i) {
     const Placement& p = placements[i];
-    key += p.is_shard() ? "S" + std::to_string(p.dim()) : p.to_string();
+    // Appended piecewise: GCC 12 warns falsely (-Wstringop-overflow) on
+    // "S" + std::to_string(...) once <string> is precompiled.
+    if (p.is_shard()) {
+      key += 'S';
+      key += std::to_string(p.dim());
+    } else {
+      key += p.to_string();
+    }
     key += ',';
   }
   for (const std::vector<int>& nest : shard_nesting(placements, tensor_ndim)) {

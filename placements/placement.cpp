@@ -7,6 +7,7 @@
 #include <set>
 
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -3,6 +3,7 @@
 // the alpha-beta model plus a nanosecond per step so that, at equal cost, fewer
 // steps win. Ties are broken by the layout key, so every rank picks the same plan.
 #include "placements/planner.h"
+#include "util/check.h"
 
 #include <algorithm>
 #include <map>

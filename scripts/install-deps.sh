@@ -3,6 +3,8 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libopenblas-dev libdnnl-dev libblis-dev
           libopenmpi-dev openmpi-bin libgtest-dev libbenchmark-dev
+          nlohmann-json3-dev libcli11-dev   # JSON (configs, traces) and train_gpt's flags
+          clang-format                      # scripts/check-format.sh
           clang libclang-rt-14-dev  # the sanitizer and fuzzing jobs (scripts/run-sanitizers.sh)
           iproute2)                 # the two-host test (tests/mpi/two_hosts.sh)
 missing=()

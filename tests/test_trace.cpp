@@ -7,7 +7,8 @@
 #include <iterator>
 #include <map>
 
-#include "dtensor/config.h"
+#include <nlohmann/json.hpp>
+
 #include "dtensor/group.h"
 #include "dtensor/trace.h"
 #include "test_helpers.h"
@@ -16,11 +17,11 @@ using namespace dtensor;
 
 namespace {
 
-JsonValue read_json(const std::string& path) {
+nlohmann::json read_json(const std::string& path) {
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << path;
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return parse_json(text, path);
+  return nlohmann::json::parse(text);
 }
 
 }  // namespace
@@ -46,24 +47,25 @@ TEST(Trace, ChromeJsonWithOneTrackPerRankAndChosenSteps) {
   { TraceSpan after("after stop"); }
   EXPECT_EQ(Tracer::events().size(), recorded) << "a disabled tracer recorded a span";
 
-  const JsonValue doc = read_json(path);
+  const nlohmann::json doc = read_json(path);
   std::remove(path.c_str());
-  const std::vector<JsonValue>& events = doc.find("traceEvents")->as_array();
+  const nlohmann::json& events = doc.at("traceEvents");
+  ASSERT_TRUE(events.is_array());
   std::map<std::pair<int64_t, std::string>, int> count;  // (pid, name) -> events
   std::map<int64_t, double> step_dur, forward_dur;
-  for (const JsonValue& e : events) {
-    const int64_t pid = e.find("pid")->as_int();
-    EXPECT_EQ(e.find("tid")->as_int(), pid);
-    const std::string name = e.find("name")->as_string();
-    const std::string ph = e.find("ph")->as_string();
+  for (const nlohmann::json& e : events) {
+    const int64_t pid = e.at("pid").get<int64_t>();
+    EXPECT_EQ(e.at("tid").get<int64_t>(), pid);
+    const std::string name = e.at("name").get<std::string>();
+    const std::string ph = e.at("ph").get<std::string>();
     ++count[{pid, name}];
     if (ph == "X") {
-      EXPECT_GE(e.find("ts")->as_double(), 0);
-      EXPECT_GE(e.find("dur")->as_double(), 0);
-      (name == "step" ? step_dur : forward_dur)[pid] += e.find("dur")->as_double();
+      EXPECT_GE(e.at("ts").get<double>(), 0);
+      EXPECT_GE(e.at("dur").get<double>(), 0);
+      (name == "step" ? step_dur : forward_dur)[pid] += e.at("dur").get<double>();
     }
     if (ph == "C") {
-      EXPECT_TRUE(e.find("args")->find("loss") != nullptr);
+      EXPECT_TRUE(e.at("args").contains("loss"));
     }
   }
   // Per rank: step, forward, the barrier (collectives mark the timeline), loss, two
@@ -92,7 +94,7 @@ TEST(Trace, RankPlaceholderAndUnwritablePath) {
   const std::string pattern = ::testing::TempDir() + "dtensor_trace_" + std::to_string(::getpid()) + ".{rank}.json";
   Tracer::write(pattern);
   const std::string written = ::testing::TempDir() + "dtensor_trace_" + std::to_string(::getpid()) + ".3.json";
-  EXPECT_EQ(read_json(written).find("traceEvents")->as_array().size(), 2u);  // the span and the track name
+  EXPECT_EQ(read_json(written).at("traceEvents").size(), 2u);  // the span and the track name
   std::remove(written.c_str());
   EXPECT_THROW_MSG(Tracer::write("/nonexistent/dir/trace.json"), std::invalid_argument,
                    "[trace] cannot write trace file \"/nonexistent/dir/trace.json\"");

@@ -6,10 +6,12 @@
 #include <fstream>
 #include <iterator>
 
-#include "dtensor/train_log.h"
+#include "dtensor/format.h"
 #include "test_helpers.h"
+#include "train_log.h"
 
 using namespace dtensor;
+using namespace dtensor::tools;
 
 namespace {
 

@@ -1,5 +1,6 @@
 // Error helpers: every user-facing error names the op in brackets and says what
 // was expected and what was got, e.g. "[matmul] inner dims differ: a is [4, 8], b is [6, 3]".
+// (The library's sources check with the DT_CHECK_* macros of src/util/check.h.)
 #pragma once
 
 #include <cstdint>
@@ -33,15 +34,3 @@ std::string concat(const Args&... args) {
 }  // namespace detail
 
 }  // namespace dtensor
-
-// The user's mistake: std::invalid_argument("[op] message").
-#define DT_CHECK_ARG(cond, op, ...)                                                      \
-  do {                                                                                   \
-    if (!(cond)) throw std::invalid_argument(::dtensor::detail::concat("[", op, "] ", __VA_ARGS__)); \
-  } while (0)
-
-// Not supported (build options, devices, missing features): std::runtime_error.
-#define DT_CHECK_SUPPORTED(cond, op, ...)                                                \
-  do {                                                                                   \
-    if (!(cond)) throw std::runtime_error(::dtensor::detail::concat("[", op, "] ", __VA_ARGS__)); \
-  } while (0)

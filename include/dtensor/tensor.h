@@ -167,8 +167,10 @@ int64_t element_as_int64(const Tensor& t, int64_t flat_index);
 
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  DT_CHECK_ARG(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector",
-               "shape ", shape, " needs ", shape_numel(shape), " values, got ", values.size());
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape)) {
+    throw std::invalid_argument(
+        detail::concat("[from_vector] shape ", shape, " needs ", shape_numel(shape), " values, got ", values.size()));
+  }
   if constexpr (std::is_same_v<T, bool>) {
     std::vector<uint8_t> bytes(values.begin(), values.end());
     return detail::make_from_bytes(bytes.data(), DType::Bool, shape, device, "from_vector");
@@ -193,8 +195,10 @@ std::vector<T> Tensor::to_vector() const {
 
 template <class T>
 T Tensor::item() const {
-  DT_CHECK_ARG(defined() && numel() == 1, "item", "expected a tensor with one element, got shape ",
-               defined() ? shape() : Shape{});
+  if (!defined() || numel() != 1) {
+    throw std::invalid_argument(
+        detail::concat("[item] expected a tensor with one element, got shape ", defined() ? shape() : Shape{}));
+  }
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     return static_cast<T>(detail::element_as_int64(*this, 0));  // exact beyond 2^53
   } else {

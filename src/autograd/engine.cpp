@@ -6,6 +6,7 @@
 
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "comm/collective_args.h"
+#include "util/check.h"
 
 namespace dtensor::comm {
 

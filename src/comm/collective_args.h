@@ -16,6 +16,7 @@
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"
+#include "util/check.h"
 
 namespace dtensor::comm {
 

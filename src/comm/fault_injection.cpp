@@ -8,6 +8,7 @@
 
 #include "dtensor/comm_backend.h"
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::comm {
 namespace {

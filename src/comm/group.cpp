@@ -14,6 +14,7 @@
 #include "dtensor/error.h"
 #include "dtensor/group.h"
 #include "dtensor/trace.h"
+#include "util/check.h"
 
 namespace dtensor {
 

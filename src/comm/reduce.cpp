@@ -13,6 +13,7 @@
 #endif
 
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::comm {
 namespace {

@@ -2,6 +2,7 @@
 #include "comm/collective_args.h"
 #include "comm/reduce.h"
 #include "dtensor/comm_debug.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

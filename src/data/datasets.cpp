@@ -7,6 +7,7 @@
 
 #include "dtensor/data.h"
 #include "dtensor/random.h"
+#include "util/check.h"
 
 namespace dtensor {
 

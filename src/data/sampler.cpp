@@ -2,6 +2,7 @@
 // global batches and per-rank slices.
 #include "dtensor/data.h"
 #include "dtensor/random.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -5,11 +5,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "dtensor/error.h"
 #include "dtensor/group.h"
+#include "util/check.h"
 
 namespace dtensor {
 
@@ -77,26 +79,10 @@ TraceEvent make_event(const std::string& name, const std::string& category, char
   return e;
 }
 
+// A JSON string literal (nlohmann's escaping); bytes that are not UTF-8 become
+// U+FFFD, so the file stays valid JSON whatever a span is named.
 void append_json_string(std::ostringstream& os, const std::string& s) {
-  os << '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': os << "\\\""; break;
-      case '\\': os << "\\\\"; break;
-      case '\n': os << "\\n"; break;
-      case '\t': os << "\\t"; break;
-      case '\r': os << "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          os << buf;
-        } else {
-          os << c;
-        }
-    }
-  }
-  os << '"';
+  os << nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string with_rank(const std::string& path) {

@@ -3,6 +3,7 @@
 
 #include "dtensor/nn/checkpoint.h"
 #include "dtensor/ops.h"
+#include "util/check.h"
 
 namespace dtensor::nn {
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "dtensor/ops.h"
+#include "util/check.h"
 
 namespace dtensor::nn {
 namespace {

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "dtensor/autograd.h"
+#include "util/check.h"
 
 namespace dtensor::nn {
 

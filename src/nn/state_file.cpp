@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::nn {
 namespace {

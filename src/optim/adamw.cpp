@@ -4,6 +4,7 @@
 #include "backend/kernels.h"
 #include "dtensor/optim.h"
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -11,6 +11,7 @@
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
+#include "util/check.h"
 
 namespace dtensor {
 

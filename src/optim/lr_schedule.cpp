@@ -3,6 +3,7 @@
 #include <numbers>
 
 #include "dtensor/optim.h"
+#include "util/check.h"
 
 namespace dtensor {
 

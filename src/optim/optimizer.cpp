@@ -5,6 +5,7 @@
 #include "dtensor/autograd.h"
 #include "dtensor/optim.h"
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -3,6 +3,7 @@
 
 #include "dtensor/optim.h"
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 

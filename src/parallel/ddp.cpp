@@ -4,6 +4,7 @@
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
 #include "dtensor/trace.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 

@@ -12,6 +12,7 @@
 
 #include "dtensor/autograd.h"
 #include "parallel/fsdp_group.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 

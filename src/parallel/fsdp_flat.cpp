@@ -2,6 +2,7 @@
 #include "parallel/fsdp_flat.h"
 
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor::parallel::detail {
 

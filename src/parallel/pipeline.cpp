@@ -14,6 +14,7 @@
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
 #include "dtensor/trace.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 namespace {

@@ -10,6 +10,7 @@
 #include "dtensor/autograd.h"
 #include "dtensor/nn/checkpoint.h"
 #include "dtensor/ops.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 namespace {

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 namespace {

@@ -6,8 +6,9 @@
 #include <sstream>
 
 #include "dtensor/error.h"
+#include "dtensor/format.h"
 #include "dtensor/parallel/pipeline_schedule.h"
-#include "dtensor/train_log.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 namespace {

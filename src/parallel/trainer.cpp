@@ -8,6 +8,7 @@
 #include "dtensor/nn/layers.h"
 #include "dtensor/ops.h"
 #include "dtensor/trace.h"
+#include "util/check.h"
 
 namespace dtensor::parallel {
 

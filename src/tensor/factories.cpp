@@ -4,6 +4,7 @@
 
 #include "backend/kernels.h"
 #include "dtensor/tensor.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

@@ -1,6 +1,7 @@
 // matmul and linear: shape checks, batch broadcasting, then the device GEMM.
 #include "backend/kernels.h"
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

@@ -16,6 +16,7 @@
 
 #include "backend/kernels.h"
 #include "dtensor/tensor_ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

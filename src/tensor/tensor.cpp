@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "backend/kernels.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "dtensor/tensor.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

@@ -1,10 +1,15 @@
-// Links against an installed dtensor and checks one real computation.
+// Links against an installed dtensor and checks one real computation and the version.
 #include <dtensor/dtensor.h>
 
 #include <cstdio>
+#include <cstring>
 
 int main() {
   using namespace dtensor;
+  if (std::strcmp(version(), DTENSOR_VERSION_STRING) != 0) {
+    std::fprintf(stderr, "consumer: headers of dtensor %s, library %s\n", DTENSOR_VERSION_STRING, version());
+    return 1;
+  }
   Tensor a = Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2});
   Tensor b = matmul(a, a);  // [[7, 10], [15, 22]]
   std::vector<float> got = b.to_vector<float>();
@@ -13,6 +18,6 @@ int main() {
     std::fprintf(stderr, "consumer: wrong matmul result %s\n", b.to_string().c_str());
     return 1;
   }
-  std::printf("consumer: ok %s\n", b.to_string().c_str());
+  std::printf("consumer: dtensor %s ok %s\n", version(), b.to_string().c_str());
   return 0;
 }

@@ -28,10 +28,25 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 #include "dtensor/amp.h"
 #include "dtensor/optim.h"
-#include "dtensor/train_log.h"
+
+namespace dtensor {
+
+// What one optimizer step did (the trainer's report; examples/common's TrainLog
+// prints it).
+struct StepStats {
+  int64_t step = 0;  // 0-based; shown 1-based
+  double loss = 0;
+  int64_t tokens = 0;                      // tokens processed by the whole job in this step
+  double seconds = 0;                      // wall time of the step
+  std::vector<int64_t> peak_memory_bytes;  // one per rank (may be empty)
+  std::optional<double> lr;                // shown when set
+};
+
+}  // namespace dtensor
 
 namespace dtensor::parallel {
 

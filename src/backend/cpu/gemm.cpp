@@ -42,6 +42,7 @@
 #include "backend/cpu/gemm_engine.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_kernels.h"
+#include "util/check.h"
 
 namespace dtensor::backend::cpu {
 

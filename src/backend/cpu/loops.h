@@ -93,20 +93,25 @@ inline compute_t<T> load(T v) {
   return convert<compute_t<T>>(v);
 }
 
-// Walks `shape` for N operands with the given element strides and calls
-// row(offsets, strides, n) for each innermost row: operand k's row starts at element
-// offsets[k] (relative to its element 0) and steps by strides[k]. Nothing is called
-// for an empty shape; a 0-d shape gives one row of one element.
-template <size_t N, class RowFn>
-void for_each_row(const Shape& shape, const std::array<const int64_t*, N>& strides, RowFn&& row) {
-  struct Dim {
-    int64_t size;
-    std::array<int64_t, N> stride;
-  };
+namespace detail {
+
+template <size_t N>
+struct RowDim {
+  int64_t size;
+  std::array<int64_t, N> stride;
+};
+
+// The dims for_each_row walks: size-1 dims dropped, outermost first by operand 0's
+// stride, neighbours that every operand steps over evenly merged. False for an
+// empty shape. Depends on N only, not on the row function, so that each kernel's
+// lambda does not instantiate its own sort (the compile time of pointwise.cpp).
+template <size_t N>
+bool row_dims(const Shape& shape, const std::array<const int64_t*, N>& strides, std::vector<RowDim<N>>& merged) {
+  using Dim = RowDim<N>;
   std::vector<Dim> dims;
   dims.reserve(shape.size());
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 0) return;
+    if (shape[d] == 0) return false;
     if (shape[d] == 1) continue;
     Dim dim{shape[d], {}};
     for (size_t k = 0; k < N; ++k) dim.stride[k] = strides[k][d];
@@ -118,7 +123,7 @@ void for_each_row(const Shape& shape, const std::array<const int64_t*, N>& strid
     return std::abs(a.stride[0]) > std::abs(b.stride[0]);
   });
   // Merge dim i into the next-inner one when every operand steps over it evenly.
-  std::vector<Dim> merged;
+  merged.clear();
   for (const Dim& dim : dims) {
     if (!merged.empty()) {
       Dim& inner = merged.back();
@@ -134,6 +139,20 @@ void for_each_row(const Shape& shape, const std::array<const int64_t*, N>& strid
     }
     merged.push_back(dim);
   }
+  return true;
+}
+
+}  // namespace detail
+
+// Walks `shape` for N operands with the given element strides and calls
+// row(offsets, strides, n) for each innermost row: operand k's row starts at element
+// offsets[k] (relative to its element 0) and steps by strides[k]. Nothing is called
+// for an empty shape; a 0-d shape gives one row of one element.
+template <size_t N, class RowFn>
+void for_each_row(const Shape& shape, const std::array<const int64_t*, N>& strides, RowFn&& row) {
+  using Dim = detail::RowDim<N>;
+  std::vector<Dim> merged;
+  if (!detail::row_dims<N>(shape, strides, merged)) return;
   std::array<int64_t, N> offsets{};
   if (merged.empty()) {
     std::array<int64_t, N> unit{};

@@ -17,6 +17,7 @@
 #include "backend/cpu/loops.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_kernels.h"
+#include "util/check.h"
 
 namespace dtensor::backend::cpu {
 namespace {

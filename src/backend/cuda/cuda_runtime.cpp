@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::backend::cuda {
 namespace {

@@ -25,6 +25,7 @@
 #include "comm/mpi/mpi_types.h"
 #include "comm/reduce.h"
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::comm {
 namespace {

@@ -7,6 +7,7 @@
 #include "comm/call_context.h"
 #include "comm/threads/threads_group.h"
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::comm::threads {
 namespace {

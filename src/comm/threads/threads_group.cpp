@@ -8,6 +8,7 @@
 #include "comm/threads/algorithms.h"
 #include "comm/threads/p2p.h"
 #include "dtensor/error.h"
+#include "util/check.h"
 
 namespace dtensor::comm::threads {
 

@@ -2,8 +2,9 @@
 // from_local) and local_map on top of it.
 #include "dtensor/local_map.h"
 
-#include "dist/dispatch.h"
+#include "dist_tensor/dispatch.h"
 #include "dtensor/autograd.h"
+#include "util/check.h"
 
 namespace dtensor {
 namespace {

@@ -1,5 +1,5 @@
 // Strategy enumeration (einsum rule), choice by cost, and the per-rank decision cache.
-#include "dist/dispatch.h"
+#include "dist_tensor/dispatch.h"
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
 
@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "placements/planner.h"
+#include "util/check.h"
 
 namespace dtensor::dispatch {
 namespace {

@@ -12,6 +12,7 @@
 #include "dtensor/error.h"
 #include "dtensor/random.h"
 #include "mesh/mesh_index.h"
+#include "util/check.h"
 
 namespace dtensor {
 

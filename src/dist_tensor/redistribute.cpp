@@ -7,6 +7,7 @@
 #include "dtensor/dist_tensor.h"
 #include "placements/cross_mesh.h"
 #include "placements/planner.h"
+#include "util/check.h"
 
 namespace dtensor {
 

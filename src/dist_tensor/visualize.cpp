@@ -17,6 +17,7 @@
 #include "dtensor/dist_tensor.h"
 #include "dtensor/error.h"
 #include "mesh/mesh_index.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -1,4 +1,5 @@
-// The training progress display, the run summary and the loss curve files.
+// The training progress display, the run summary and the loss curve files (the
+// dtensor_tools target of examples/common; not part of libdtensor).
 //
 //   TrainLog log(total_steps);                 // auto: redraw on a terminal, lines when piped
 //   for (...) log.step({step, loss, tokens, seconds, peak_bytes_per_rank});
@@ -16,16 +17,9 @@
 #include <string>
 #include <vector>
 
-namespace dtensor {
+#include "dtensor/parallel/trainer.h"  // StepStats
 
-struct StepStats {
-  int64_t step = 0;           // 0-based; shown 1-based
-  double loss = 0;
-  int64_t tokens = 0;         // tokens processed by the whole job in this step
-  double seconds = 0;         // wall time of the step
-  std::vector<int64_t> peak_memory_bytes;  // one per rank (may be empty)
-  std::optional<double> lr;   // shown when set
-};
+namespace dtensor::tools {
 
 class TrainLog {
  public:
@@ -59,11 +53,4 @@ class TrainLog {
   std::vector<StepStats> history_;
 };
 
-// "12.3 MiB", "512 B", "1.50 GiB".
-std::string format_bytes(int64_t bytes);
-// "45.2k", "1.23M", "980".
-std::string format_count(double value);
-// Round tick values covering [lo, hi] with about `target` ticks (1-2-5 steps).
-std::vector<double> nice_ticks(double lo, double hi, int target = 5);
-
-}  // namespace dtensor
+}  // namespace dtensor::tools

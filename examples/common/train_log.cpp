@@ -1,5 +1,5 @@
 // Progress lines, the run summary, and the loss curve as CSV and SVG.
-#include "dtensor/train_log.h"
+#include "train_log.h"
 
 #include <unistd.h>
 
@@ -8,9 +8,11 @@
 #include <fstream>
 #include <sstream>
 
-#include "dtensor/error.h"
+#include <stdexcept>
 
-namespace dtensor {
+#include "dtensor/format.h"
+
+namespace dtensor::tools {
 
 namespace {
 
@@ -22,59 +24,12 @@ std::string printf_string(const char* format, double value) {
 
 }  // namespace
 
-std::string format_bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (std::fabs(value) >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return std::to_string(bytes) + " B";
-  return printf_string(value < 10 ? "%.2f" : "%.1f", value) + " " + units[unit];
-}
-
-std::string format_count(double value) {
-  if (!std::isfinite(value)) return "-";
-  if (value >= 1e9) return printf_string("%.2fG", value / 1e9);
-  if (value >= 1e6) return printf_string("%.2fM", value / 1e6);
-  if (value >= 1e3) return printf_string("%.1fk", value / 1e3);
-  return printf_string("%.0f", value);
-}
-
-std::vector<double> nice_ticks(double lo, double hi, int target) {
-  if (!(hi > lo)) {  // a single value: one tick around it
-    const double pad = lo == 0 ? 1 : std::fabs(lo) * 0.1;
-    lo -= pad;
-    hi += pad;
-  }
-  const double raw = (hi - lo) / std::max(1, target);
-  const int exponent = static_cast<int>(std::floor(std::log10(raw)));
-  const double magnitude = std::pow(10.0, exponent);
-  double multiple = 1;
-  for (double m : {1.0, 2.0, 5.0, 10.0}) {
-    multiple = m;
-    if (m * magnitude >= raw) break;
-  }
-  // Tick k is k * multiple * 10^exponent; for negative exponents dividing by 10^-exponent
-  // keeps labels exact (0.6, not 0.6000000000000001).
-  const double scale = std::pow(10.0, std::abs(exponent));
-  auto tick = [&](int64_t k) {
-    const double units = static_cast<double>(k) * multiple;
-    return exponent < 0 ? units / scale : units * scale;
-  };
-  const double step = multiple * magnitude;
-  std::vector<double> ticks;
-  for (auto k = static_cast<int64_t>(std::ceil(lo / step - 1e-9)); tick(k) <= hi + step * 1e-9; ++k) {
-    ticks.push_back(tick(k));
-  }
-  return ticks;
-}
-
 TrainLog::TrainLog(int64_t total_steps, Mode mode, std::FILE* out)
     : total_steps_(total_steps), out_(out) {
-  DT_CHECK_ARG(total_steps >= 0, "TrainLog", "expected total_steps >= 0, got ", total_steps);
-  DT_CHECK_ARG(out != nullptr, "TrainLog", "expected an output stream, got null");
+  if (total_steps < 0) {
+    throw std::invalid_argument("[TrainLog] expected total_steps >= 0, got " + std::to_string(total_steps));
+  }
+  if (out == nullptr) throw std::invalid_argument("[TrainLog] expected an output stream, got null");
   terminal_ = mode == Mode::Terminal || (mode == Mode::Auto && ::isatty(::fileno(out)) == 1);
 }
 
@@ -149,12 +104,12 @@ std::string TrainLog::finish() {
 
 void TrainLog::write_csv(const std::string& path) const {
   std::ofstream out(path);
-  DT_CHECK_ARG(out.good(), "TrainLog", "cannot write loss curve file \"", path, "\"");
+  if (!out.good()) throw std::invalid_argument("[TrainLog] cannot write loss curve file \"" + path + "\"");
   out << "step,loss\n";
   out.precision(9);
   for (const StepStats& s : history_) out << s.step + 1 << "," << s.loss << "\n";
   out.close();
-  DT_CHECK_ARG(!out.fail(), "TrainLog", "error writing loss curve file \"", path, "\"");
+  if (out.fail()) throw std::invalid_argument("[TrainLog] error writing loss curve file \"" + path + "\"");
 }
 
 namespace {
@@ -246,10 +201,10 @@ void TrainLog::write_svg(const std::string& path, const std::string& title) cons
   os << "\"/>\n</svg>\n";
 
   std::ofstream out(path);
-  DT_CHECK_ARG(out.good(), "TrainLog", "cannot write loss chart \"", path, "\"");
+  if (!out.good()) throw std::invalid_argument("[TrainLog] cannot write loss chart \"" + path + "\"");
   out << os.str();
   out.close();
-  DT_CHECK_ARG(!out.fail(), "TrainLog", "error writing loss chart \"", path, "\"");
+  if (out.fail()) throw std::invalid_argument("[TrainLog] error writing loss chart \"" + path + "\"");
 }
 
 std::string TrainLog::write_loss_curve(const std::string& csv_path, const std::string& title) const {
@@ -262,4 +217,4 @@ std::string TrainLog::write_loss_curve(const std::string& csv_path, const std::s
   return svg_path;
 }
 
-}  // namespace dtensor
+}  // namespace dtensor::tools

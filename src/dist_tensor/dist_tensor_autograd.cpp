@@ -2,6 +2,7 @@
 // ops.h).
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 

@@ -5,6 +5,7 @@
 
 #include "dtensor/error.h"
 #include "mesh/mesh_index.h"
+#include "util/check.h"
 
 namespace dtensor {
 
