@@ -77,6 +77,11 @@ TEST(TrainConfig, SyntaxErrorsNameLineAndColumn) {
   EXPECT_THROW_MSG(parse_train_config("", "empty.json"), std::invalid_argument, "[config] empty.json:1:1:");
   EXPECT_THROW_MSG(parse_train_config("{} x", "c.json"), std::invalid_argument, "c.json:1:4:");
   EXPECT_THROW_MSG(parse_train_config("{\"mesh\": \"\xff\"}", "c.json"), std::invalid_argument, "c.json:1:");
+  // Found by tests/fuzz/fuzz_config (its seed corpus): a number beyond a double's range
+  // is nlohmann's out_of_range, not a parse error, and escaped the loader.
+  EXPECT_THROW_MSG(parse_train_config("[5e1103]", "big.json"), std::invalid_argument,
+                   "[config] big.json: number overflow parsing '5e1103' (a JSON number must fit a double)");
+  EXPECT_THROW_MSG(parse_train_config("{\"lr\": -1e400}", "big.json"), std::invalid_argument, "number overflow");
   // Deep nesting is a syntax-free document of the wrong shape, not a stack overflow.
   EXPECT_THROW_MSG(parse_train_config(std::string(100000, '[') + std::string(100000, ']'), "deep.json"),
                    std::invalid_argument, "expected a JSON object of keys, got an array");

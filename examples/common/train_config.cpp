@@ -221,6 +221,14 @@ TrainConfig parse_train_config(std::string_view text, const std::string& source,
     const auto [line, column] = line_column(text, e.byte == 0 ? 0 : e.byte - 1);
     throw std::invalid_argument("[config] " + source + ":" + std::to_string(line) + ":" + std::to_string(column) +
                                 ": " + (at == std::string::npos ? what : what.substr(at + 2)));
+  } catch (const Json::exception& e) {
+    // A number beyond a double's range ("[json.exception.out_of_range.406] number
+    // overflow parsing '5e1103'"): nlohmann gives no position, the text names the number.
+    const std::string what = e.what();
+    const size_t close = what.find("] ");
+    throw std::invalid_argument("[config] " + source + ": " +
+                                (close == std::string::npos ? what : what.substr(close + 2)) +
+                                " (a JSON number must fit a double)");
   }
   if (!doc.is_object()) {
     throw std::invalid_argument("[config] " + source + ": expected a JSON object of keys, got " + kind_name(doc));
