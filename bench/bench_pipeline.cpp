@@ -91,13 +91,6 @@ double sum_of(const std::vector<double>& v) {
   return s;
 }
 
-// Rows of each micro-batch: as equal as possible, the first ones one longer.
-std::vector<int64_t> micro_rows(int64_t rows, int64_t micro_batches) {
-  std::vector<int64_t> sizes;
-  for (int64_t i = 0; i < micro_batches; ++i) sizes.push_back(rows / micro_batches + (i < rows % micro_batches ? 1 : 0));
-  return sizes;
-}
-
 void BM_PipelineMeasured(benchmark::State& state) {
   const auto kind = static_cast<ScheduleKind>(state.range(0));
   const int m = static_cast<int>(state.range(1)), v = static_cast<int>(state.range(2));
@@ -112,7 +105,7 @@ void BM_PipelineMeasured(benchmark::State& state) {
       GPTPipeline gpt(pm, config, 1, {.schedule = kind, .micro_batches = m, .virtual_stages = v});
       SyntheticLanguage data(config.vocab, config.block_size, 1024, 1);
       DistributedSampler sampler(data.size(), kBatch, 0, 1, 1);
-      const std::vector<int64_t> rows = micro_rows(kBatch, m);
+      const std::vector<int64_t> rows = parallel::micro_batch_rows(kBatch, m);
       std::vector<double> weights;
       for (int64_t r : rows) weights.push_back(static_cast<double>(r) / kBatch);
       auto micro = [&](int64_t step, int64_t k, bool targets) {

@@ -186,13 +186,6 @@ double draw(uint64_t seed, int64_t step, int64_t row) {
   return random::uniform(seed, static_cast<uint64_t>(step) * 1000003ULL + static_cast<uint64_t>(row));
 }
 
-// Rows of each micro-batch: as equal as possible, the first ones one longer.
-std::vector<int64_t> micro_rows(int64_t rows, int64_t micro_batches) {
-  std::vector<int64_t> sizes;
-  for (int64_t i = 0; i < micro_batches; ++i) sizes.push_back(rows / micro_batches + (i < rows % micro_batches ? 1 : 0));
-  return sizes;
-}
-
 // What the pipeline produced, kept for the check.
 struct Generated {
   std::vector<std::vector<int64_t>> rows;  // prompt + new tokens
@@ -220,7 +213,7 @@ Generated generate(const Settings& s, const nn::StateFile& file, const nn::GPTCo
     }
     gpt.load_state_dict(file.tensors);
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(s.samples), prompt);
-    const std::vector<int64_t> sizes = micro_rows(s.samples, s.micro_batches);
+    const std::vector<int64_t> sizes = parallel::micro_batch_rows(s.samples, s.micro_batches);
     std::vector<int64_t> offsets{0};
     for (const int64_t n : sizes) offsets.push_back(offsets.back() + n);
     const Placements replicated(static_cast<size_t>(stage_mesh.ndim()), Replicate());

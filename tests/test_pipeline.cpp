@@ -87,13 +87,6 @@ struct Layout {
   }
 };
 
-// Rows of each micro-batch on one data-parallel rank: as equal as possible.
-std::vector<int64_t> micro_rows(int64_t rows, int64_t micro_batches) {
-  std::vector<int64_t> sizes;
-  for (int64_t i = 0; i < micro_batches; ++i) sizes.push_back(rows / micro_batches + (i < rows % micro_batches ? 1 : 0));
-  return sizes;
-}
-
 // The same training pipelined over `layout`.
 RunResult train_pipelined(const nn::GPTConfig& config, const Layout& layout, int steps, int64_t batch) {
   RunResult result;
@@ -138,7 +131,7 @@ RunResult train_pipelined(const nn::GPTConfig& config, const Layout& layout, int
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     const int dp_rank = layout.dp > 1 ? static_cast<int>(stage_mesh.coordinate(stage_mesh.dim_index("dp"))) : 0;
     DistributedSampler sampler(data.size(), batch, dp_rank, layout.dp, 5);
-    const std::vector<int64_t> rows = micro_rows(batch / layout.dp, layout.micro_batches);
+    const std::vector<int64_t> rows = parallel::micro_batch_rows(batch / layout.dp, layout.micro_batches);
     std::vector<double> weights;
     for (int64_t r : rows) weights.push_back(static_cast<double>(r) / static_cast<double>(batch / layout.dp));
     Placements batch_layout;
@@ -256,6 +249,17 @@ TEST(GptStages, MeasuredCostsArePositiveAndAgreedByEveryRank) {
 }
 
 // ---- parallel equivalence ------------------------------------------------------------------------
+
+TEST(MicroBatchRows, AsEqualAsTheyCanBeFirstOnesLonger) {
+  EXPECT_EQ(micro_batch_rows(10, 4), (std::vector<int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(micro_batch_rows(8, 4), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(micro_batch_rows(5, 5), (std::vector<int64_t>{1, 1, 1, 1, 1}));
+  EXPECT_EQ(micro_batch_rows(7, 1), (std::vector<int64_t>{7}));
+  EXPECT_THROW_MSG(
+      micro_batch_rows(3, 4), std::invalid_argument,
+      "[micro_batch_rows] expected between 1 and 3 micro-batches of 3 rows (each at least one row), got 4");
+  EXPECT_THROW_MSG(micro_batch_rows(3, 0), std::invalid_argument, "got 0");
+}
 
 TEST(PipelineEquivalence, EveryScheduleAtPp2AndPp4MatchesOneRank) {
   const int steps = 10;

@@ -94,6 +94,16 @@ void keep_until_exit(std::vector<Tensor> tensors) {
 
 }  // namespace
 
+std::vector<int64_t> micro_batch_rows(int64_t rows, int64_t micro_batches) {
+  DT_CHECK_ARG(micro_batches >= 1 && micro_batches <= rows, "micro_batch_rows", "expected between 1 and ", rows,
+               " micro-batches of ", rows, " rows (each at least one row), got ", micro_batches);
+  std::vector<int64_t> sizes;
+  sizes.reserve(static_cast<size_t>(micro_batches));
+  for (int64_t i = 0; i < micro_batches; ++i)
+    sizes.push_back(rows / micro_batches + (i < rows % micro_batches ? 1 : 0));
+  return sizes;
+}
+
 // ---- PipelineMesh ----------------------------------------------------------------------------
 
 PipelineMesh::PipelineMesh(const DeviceMesh& mesh, const std::string& pp_dim) : mesh_(mesh), pp_dim_(pp_dim) {

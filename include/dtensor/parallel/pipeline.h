@@ -119,6 +119,12 @@ struct PipelineData {
   std::vector<double> weights;
 };
 
+// The sizes of `micro_batches` micro-batches of `rows` rows, as equal as they can be:
+// the first rows % micro_batches are one row larger (torch.tensor_split's rule), so
+// 10 rows in 4 give {3, 3, 2, 2}. Throws std::invalid_argument unless
+// 1 <= micro_batches <= rows. PipelineData::weights of such a split are sizes[i] / rows.
+std::vector<int64_t> micro_batch_rows(int64_t rows, int64_t micro_batches);
+
 // What the last step did on this rank.
 struct PipelineStats {
   int peak_in_flight = 0;     // most micro-batches whose activations were held at once
