@@ -1,6 +1,6 @@
 # cmake -DEXPECT=<regex> -P expect_error.cmake -- <command> <args...>
 # Passes when the command exits non-zero with a one-line error on stderr that matches
-# EXPECT: train_gpt's bad-input tests.
+# EXPECT: the bad-input tests of train_gpt and generate.
 set(command "")
 set(after_dashes OFF)
 foreach(i RANGE 1 ${CMAKE_ARGC})

@@ -17,6 +17,8 @@
 // same sampling rule and random draw.
 #include <dtensor/dtensor.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -42,51 +45,44 @@ struct Settings {
   bool check = false;
 };
 
-constexpr const char* kUsage =
-    "usage: generate --load FILE [options]\n"
-    "  --load FILE         parameters written by train_gpt --save\n"
-    "  --mesh pp=N[,tp=M]  pipeline stages (and tensor parallelism within each) [pp=2]\n"
-    "  --samples N         sequences generated together [4]\n"
-    "  --microbatches M    micro-batches the samples are cut into (at most --samples) [2]\n"
-    "  --tokens N          new tokens per sequence [48]\n"
-    "  --prompt TEXT       start of every sequence (character models; synthetic ones: token ids) [first token]\n"
-    "  --temperature T     softmax temperature; 0 takes the most likely token [0.8]\n"
-    "  --top-k K           sample among the K most likely tokens only (0: all) [0]\n"
-    "  --seed S            seed of the random draws [1]\n"
-    "  --check             compare the logits and tokens with the same model on one rank\n";
-
-struct HelpRequested {};
-
-int64_t to_integer(const std::string& flag, const std::string& v) {
+int64_t to_integer(const std::string& what, const std::string& v) {
   char* end = nullptr;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end) throw std::invalid_argument(flag + ": expected an integer, got '" + v + "'");
+  if (v.empty() || *end) throw std::invalid_argument(what + ": expected an integer, got '" + v + "'");
   return x;
 }
 
-Settings parse(int argc, char** argv) {
+// The command line (CLI11); nullopt after --help.
+std::optional<Settings> parse(int argc, char** argv) {
   Settings s;
-  s.mesh = parse_mesh_spec("pp=2");
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") throw HelpRequested();
-    if (flag == "--check") {
-      s.check = true;
-      continue;
-    }
-    if (i + 1 >= argc) throw std::invalid_argument(flag + (flag.rfind("--", 0) == 0 ? " needs a value" : ": unexpected"));
-    const std::string v = argv[++i];
-    if (flag == "--load") s.load = v;
-    else if (flag == "--mesh") s.mesh = parse_mesh_spec(v);
-    else if (flag == "--samples") s.samples = to_integer(flag, v);
-    else if (flag == "--microbatches") s.micro_batches = to_integer(flag, v);
-    else if (flag == "--tokens") s.tokens = to_integer(flag, v);
-    else if (flag == "--top-k") s.top_k = to_integer(flag, v);
-    else if (flag == "--seed") s.seed = static_cast<uint64_t>(to_integer(flag, v));
-    else if (flag == "--prompt") s.prompt = v;
-    else if (flag == "--temperature") s.temperature = std::stod(v);
-    else throw std::invalid_argument("unknown option " + flag + " (see --help)");
+  std::string mesh = "pp=2";
+  CLI::App app(
+      "Pipelined inference: generates text with a GPT that train_gpt --save wrote, its layers spread "
+      "over the pp ranks (and tp within each).",
+      "generate");
+  app.add_option("--load", s.load, "parameters written by train_gpt --save (required)");
+  app.add_option("--mesh", mesh, "pipeline stages, and tensor parallelism within each: pp=N[,tp=M]")
+      ->capture_default_str();
+  app.add_option("--samples", s.samples, "sequences generated together")->capture_default_str();
+  app.add_option("--microbatches", s.micro_batches, "micro-batches the samples are cut into (at most --samples)")
+      ->capture_default_str();
+  app.add_option("--tokens", s.tokens, "new tokens per sequence")->capture_default_str();
+  app.add_option("--prompt", s.prompt,
+                 "start of every sequence (character models; synthetic ones: token ids); empty: the first token");
+  app.add_option("--temperature", s.temperature, "softmax temperature; 0 takes the most likely token")
+      ->capture_default_str();
+  app.add_option("--top-k", s.top_k, "sample among the K most likely tokens only (0: all)")->capture_default_str();
+  app.add_option("--seed", s.seed, "seed of the random draws")->capture_default_str();
+  app.add_flag("--check", s.check, "compare the logits and tokens with the same model on one rank");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    throw std::invalid_argument(std::string(e.what()) + " (see --help)");
   }
+  s.mesh = parse_mesh_spec(mesh);
   if (s.load.empty()) throw std::invalid_argument("--load FILE is required (train_gpt --save FILE writes one)");
   for (const std::string& name : s.mesh.names) {
     if (name != "pp" && name != "tp") {
@@ -320,10 +316,9 @@ bool check_against_one_rank(const Settings& s, const nn::StateFile& file, const 
 int main(int argc, char** argv) {
   Settings s;
   try {
-    s = parse(argc, argv);
-  } catch (const HelpRequested&) {
-    std::printf("%s", kUsage);
-    return 0;
+    const std::optional<Settings> parsed = parse(argc, argv);
+    if (!parsed) return 0;  // --help
+    s = *parsed;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "generate: %s\n", e.what());
     return 2;
