@@ -61,8 +61,10 @@ std::string table(const std::vector<Row>& rows) {
 
 int main(int argc, char** argv) {
   if (!cuda_is_available()) {
-    std::printf("gpu_bench: no GPU visible, nothing measured\n");
-    return 0;
+    const char* text = "gpu_bench: no GPU visible, nothing measured\n";
+    std::fputs(text, stdout);
+    if (argc > 1) std::ofstream(argv[1]) << text;
+    return 1;
   }
   std::vector<Row> rows;
   const int64_t n = int64_t{1} << 26;  // 64 Mi elements: 256 MiB in F32

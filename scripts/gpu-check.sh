@@ -45,8 +45,9 @@ if [ -d .gpu-deps/debs ] && ls .gpu-deps/debs/*.deb >/dev/null 2>&1; then
         tmp=$(mktemp -d) && (cd "$tmp" && ar x "$root/$deb" && tar -xf data.tar.* -C "$p") && rm -rf "$tmp"
       fi
     done
-    # The .pc files say prefix=/usr; point them at the unpacked tree.
-    find "$p" -name '*.pc' -exec sed -i "s|^prefix=/usr|prefix=$p/usr|" {} +
+    # The .pc files name /usr (prefix=/usr, or libdir=/usr/... outright); point them
+    # at the unpacked tree.
+    find "$p" -name '*.pc' -exec sed -i "s|^\([A-Za-z_]*\)=/usr|\1=$p/usr|" {} +
     touch "$p/.unpacked"
   fi
   multiarch=$p/usr/lib/x86_64-linux-gnu
@@ -84,8 +85,7 @@ for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_caching_a
   DTENSOR_REQUIRE_GPU=1 timeout 300 "$build/tests/$t" >"$out/$t.txt" 2>&1
   rc=$?
   [ $rc -ne 0 ] && test_rc=1
-  passed=$(grep -c '^\[       OK \]' "$out/$t.txt")
-  line=$(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.txt" | tr '\n' ' ')
+  line=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?[,.]|^\[  SKIPPED \] [0-9]+ tests?,' "$out/$t.txt" | tr '\n' ' ')
   say "- $t: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)") $line"
   [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$out/$t.txt" | head -60 | tee -a "$summary"
 done

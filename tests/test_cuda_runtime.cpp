@@ -10,6 +10,7 @@ using namespace dtensor;
 
 TEST(CudaRuntime, BadDevicesFailClearly) {
   if (!cuda_is_available()) {
+    if (std::getenv("DTENSOR_REQUIRE_GPU")) FAIL() << "DTENSOR_REQUIRE_GPU is set but no GPU is visible";
     EXPECT_EQ(cuda_device_count(), 0);
     EXPECT_THROW(Tensor::zeros({2}, DType::F32, Device::cuda(0)), std::exception);
     EXPECT_EQ(cuda::memory_pool_stats(0).reserved_bytes, 0);
