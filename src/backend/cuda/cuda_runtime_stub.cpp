@@ -33,8 +33,13 @@ StreamGuard::StreamGuard(Stream) { no_cuda("cuda_stream"); }
 StreamGuard::~StreamGuard() = default;
 Event::Event(bool) { no_cuda("cuda_event"); }
 Event::~Event() = default;
-Event::Event(Event&&) noexcept = default;
-Event& Event::operator=(Event&&) noexcept = default;
+Event::Event(Event&& other) noexcept : handle_(other.handle_), device_(other.device_), timing_(other.timing_) {}
+Event& Event::operator=(Event&& other) noexcept {
+  handle_ = other.handle_;
+  device_ = other.device_;
+  timing_ = other.timing_;
+  return *this;
+}
 void Event::record(Stream) { no_cuda("cuda_event"); }
 void Event::wait(Stream) const { no_cuda("cuda_event"); }
 void Event::synchronize() const { no_cuda("cuda_event"); }
