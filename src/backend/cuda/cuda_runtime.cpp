@@ -185,18 +185,30 @@ struct Staging {
   std::array<cudaEvent_t, 2> done{};
   cudaStream_t stream;
   explicit Staging(cudaStream_t s) : stream(s) {
-    for (auto& b : buffers) b = pinned_allocator().allocate(kStagingChunk, kHostUse);
-    for (auto& e : done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    try {
+      for (auto& b : buffers) b = pinned_allocator().allocate(kStagingChunk, kHostUse);
+      for (auto& e : done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    } catch (...) {
+      release();
+      throw;
+    }
   }
-  ~Staging() {
-    for (void* b : buffers) {
+  ~Staging() { release(); }
+  // The buffers go back once the stream has run past the copies that read or fill them.
+  void release() noexcept {
+    for (void*& b : buffers) {
+      if (!b) continue;
       try {
         pinned_allocator().record_stream(b, reinterpret_cast<StreamId>(stream));
+        pinned_allocator().free(b);
       } catch (...) {
       }
-      pinned_allocator().free(b);
+      b = nullptr;
     }
-    for (cudaEvent_t e : done) cudaEventDestroy(e);
+    for (cudaEvent_t& e : done) {
+      if (e) cudaEventDestroy(e);
+      e = nullptr;
+    }
   }
 };
 
