@@ -1,5 +1,5 @@
-// The GPU figures of scripts/gpu-check.sh: elementwise kernels and copies on one
-// GPU, timed with CUDA events, each next to its same-run baseline (a device-to-
+// The GPU figures of scripts/gpu-check.sh: elementwise kernels, reductions, copies
+// and matmul on one GPU, timed with CUDA events, each next to its same-run baseline (a device-to-
 // device copy of the same bytes, which is what a memory-bound kernel can reach),
 // and the caching allocator's cost per allocation. Needs no Google Benchmark.
 //   gpu_bench [table.md]    # prints the table, and writes it to the file too
@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
     Tensor m = Tensor::ones({8192, 8192}, t, kGpu), row = Tensor::ones({8192}, t, kGpu);
     ms = time_ms([&] { Tensor c = mul(m, row); });
     rows.push_back({"mul broadcast row " + dt + " [8192,8192]x[8192]", ms, 2 * bytes / (ms * 1e6), base});
+    ms = time_ms([&] { Tensor c = sum(m, {1}); });
+    rows.push_back({"sum over rows " + dt + " [8192,8192] -> [8192]", ms, bytes / (ms * 1e6), base});
+    ms = time_ms([&] { Tensor c = sum(m, {0}); });
+    rows.push_back({"sum over columns " + dt + " [8192,8192] -> [8192]", ms, bytes / (ms * 1e6), base});
     Tensor mt = m.transpose(0, 1);
     ms = time_ms([&] { Tensor c = mt.contiguous(); });
     rows.push_back({"transpose copy " + dt + " [8192,8192]", ms, 2 * bytes / (ms * 1e6), base});

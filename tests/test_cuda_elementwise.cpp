@@ -1,8 +1,9 @@
-// Cross-device conformance of the elementwise ops (label cuda): every op and dtype
-// on CUDA against the CPU result, on contiguous, broadcast and strided operands.
+// Cross-device conformance of the elementwise ops and reductions (label cuda): every
+// op and dtype on CUDA against the CPU result, on contiguous, broadcast and strided
+// operands.
 // Skips with a message where no GPU is visible; the shared scalar math and the
 // launcher's index arithmetic are covered on the CPU by the pointwise suites and
-// test_offset_calc.
+// test_offset_calc (the reduction plan too).
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -106,4 +107,25 @@ TEST(CudaElementwise, MixedDevicesAndMissingKernelsFailClearly) {
   Tensor g = Tensor::ones({2, 2}, DType::F32, kGpu);
   EXPECT_THROW_MSG(add(g, Tensor::ones({2, 2})), std::invalid_argument, "devices differ: cuda:0 and cpu");
   EXPECT_THROW_MSG(softmax(g, -1), std::runtime_error, "no CUDA kernel yet");
+}
+
+TEST(CudaReduce, SumMeanMaxMinMatchTheCpuOverAnyDims) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    const std::string dt(dtype_name(t));
+    Tensor a = values({5, 7, 300}, t, -4, 4, 21);
+    Tensor g = a.to(kGpu);
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{2}, {0}, {0, 2}, {1}, {0, 1, 2}}) {
+      const std::string what = dt + " over " + std::to_string(dims.size()) + " dims from " + std::to_string(dims[0]);
+      const double tol = t == DType::BF16 ? 2e-2 : t == DType::F16 ? 2e-3 : 1e-6;
+      expect_same(sum(g, dims), sum(a, dims), tol, "sum " + what);
+      expect_same(mean(g, dims), mean(a, dims), tol, "mean " + what);
+      expect_same(amax(g, dims), amax(a, dims), 0, "max " + what);
+      expect_same(amin(g, dims), amin(a, dims), 0, "min " + what);
+    }
+    // A transposed (strided) input.
+    expect_same(sum(g.transpose(0, 2), {1}), sum(a.transpose(0, 2), {1}), 1e-3, "sum transposed " + dt);
+  }
+  Tensor nan = Tensor::from_vector<float>({1, std::nanf(""), 3}, {3});
+  EXPECT_TRUE(std::isnan(amax(nan.to(kGpu)).item<float>()));  // NaN wins, as on the CPU
 }

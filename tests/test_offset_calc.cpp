@@ -7,6 +7,7 @@
 
 #include "backend/offset_calc.h"
 #include "dtensor/tensor.h"
+#include "dtensor/tensor_ops.h"
 
 using namespace dtensor;
 using dtensor::backend::make_offset_calc;
@@ -99,4 +100,38 @@ TEST(OffsetCalc, TooManyStridedDimsAreRefused) {
   for (size_t d = 0; d < 12; ++d) odd[d] = int64_t{1} << (2 * (11 - d) + 1);  // never mergeable
   OffsetCalc<2> calc;
   EXPECT_FALSE(make_offset_calc<2>(shape, {out.strides().data(), odd.data()}, calc));
+}
+
+TEST(OffsetCalc, ReducePlanSumsMatchTheCpuForStridedViews) {
+  // The plan's (kept, reduced) offsets, walked on the host, give the CPU's sums.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int rank = 1 + static_cast<int>(rng() % 4);
+    Shape shape;
+    for (int d = 0; d < rank; ++d) shape.push_back(1 + static_cast<int64_t>(rng() % 4));
+    Tensor a = Tensor::randn(shape, static_cast<uint64_t>(trial), DType::F64);
+    if (rank >= 2 && trial % 2)
+      a = Tensor::randn(shape, 5, DType::F64).transpose(0, rank - 1).contiguous().transpose(0, rank - 1);
+    std::vector<int64_t> dims;
+    for (int d = 0; d < rank; ++d) {
+      if (rng() % 2) dims.push_back(d);
+    }
+    if (dims.empty()) dims.push_back(static_cast<int64_t>(rng() % rank));
+    dtensor::backend::ReducePlan plan;
+    ASSERT_TRUE(dtensor::backend::make_reduce_plan(a.shape(), a.strides().data(), dims, plan));
+    Tensor expected = sum(a, dims);
+    ASSERT_EQ(expected.numel(), plan.kept_numel);
+    const double* x = static_cast<const double*>(a.data_ptr());
+    for (int64_t o = 0; o < plan.kept_numel; ++o) {
+      int64_t base[1];
+      plan.kept.offsets(o, base);
+      double s = 0;
+      for (int64_t r = 0; r < plan.reduced_numel; ++r) {
+        int64_t off[1];
+        plan.reduced.offsets(r, off);
+        s += x[base[0] + off[0]];
+      }
+      EXPECT_NEAR(s, expected.reshape({-1}).to_vector<double>()[static_cast<size_t>(o)], 1e-12) << trial;
+    }
+  }
 }

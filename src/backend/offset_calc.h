@@ -11,6 +11,7 @@
 // linear index directly.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -80,6 +81,34 @@ bool make_offset_calc(const Shape& shape, const std::array<const int64_t*, N>& o
     for (int k = 0; k < N; ++k) calc.contiguous = calc.contiguous && calc.strides[0][k] == 1;
   }
   return true;
+}
+
+}  // namespace dtensor::backend
+
+namespace dtensor::backend {
+
+// A reduction of `shape` (strides `strides`) over `dims` (sorted, unique): output
+// element o (row-major over the kept dims) reads the input at
+// kept.offsets(o) + reduced.offsets(r) for r in [0, reduced_numel).
+struct ReducePlan {
+  OffsetCalc<1> kept, reduced;
+  int64_t kept_numel = 1, reduced_numel = 1;
+};
+
+inline bool make_reduce_plan(const Shape& shape, const int64_t* strides, const std::vector<int64_t>& dims,
+                             ReducePlan& plan) {
+  Shape kept_shape, reduced_shape;
+  std::vector<int64_t> kept_strides, reduced_strides;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+    (reduced ? reduced_shape : kept_shape).push_back(shape[d]);
+    (reduced ? reduced_strides : kept_strides).push_back(strides[d]);
+  }
+  plan = ReducePlan{};
+  for (int64_t s : kept_shape) plan.kept_numel *= s;
+  for (int64_t s : reduced_shape) plan.reduced_numel *= s;
+  return make_offset_calc<1>(kept_shape, {kept_strides.data()}, plan.kept) &&
+         make_offset_calc<1>(reduced_shape, {reduced_strides.data()}, plan.reduced);
 }
 
 }  // namespace dtensor::backend

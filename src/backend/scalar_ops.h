@@ -112,6 +112,16 @@ DT_HOST_DEVICE auto binary(C x, C y) {
   if constexpr (Op == BinaryOp::Ge) return x >= y;
 }
 
+// The running max/min of a reduction: NaN wins, as in torch.amax/amin.
+template <class A>
+DT_HOST_DEVICE A reduce_max(A m, A v) {
+  return (v > m || v != v) ? v : m;
+}
+template <class A>
+DT_HOST_DEVICE A reduce_min(A m, A v) {
+  return (v < m || v != v) ? v : m;
+}
+
 DT_HOST_DEVICE constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
 // BF16 <-> F32 on bits: round to nearest even, NaN kept quiet (as dtype.cpp).

@@ -1,5 +1,6 @@
 // The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
-// runs on the GPU through elementwise.cu, matmul through cuBLASLt; every other entry throws a
+// runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
+// through cuBLASLt; every other entry throws a
 // std::runtime_error that names the op and says it has no CUDA kernel yet (move the
 // tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
@@ -9,6 +10,7 @@
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/reduce.h"
 #include "backend/kernels.h"
 #include "backend/offset_calc.h"
 #include "util/check.h"
@@ -76,7 +78,17 @@ class CudaKernels final : public Kernels {
                  c.data_ptr(), a.data_ptr(), b.data_ptr(), stream_of(out));
   }
 
-  void reduce(Reduce, const Tensor& a, const std::vector<int64_t>&, Tensor&) override { not_yet("reduce", a); }
+  void reduce(Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out) override {
+    assert(out.is_contiguous());
+    ReducePlan p;
+    DT_CHECK_SUPPORTED(make_reduce_plan(a.shape(), a.strides().data(), dims, p), "cuda reduce", "at most ",
+                       kMaxOffsetDims, " strided dims after merging, got shape ", a.shape());
+    const ReduceOp kind = op == Reduce::Sum    ? ReduceOp::Sum
+                          : op == Reduce::Mean ? ReduceOp::Mean
+                          : op == Reduce::Max  ? ReduceOp::Max
+                                               : ReduceOp::Min;
+    launch_reduce(kind, a.dtype(), out.dtype(), p, out.data_ptr(), a.data_ptr(), stream_of(a));
+  }
   void var(const Tensor& a, const std::vector<int64_t>&, int64_t, Tensor&) override { not_yet("var", a); }
   void argmax(const Tensor& a, int64_t, Tensor&) override { not_yet("argmax", a); }
   void matmul(const Tensor& a, const Tensor& b, Tensor& out) override {
