@@ -37,6 +37,28 @@ if(NOT DTENSOR_WITH_CUDA STREQUAL "OFF")
   find_package(CUDAToolkit QUIET)
 endif()
 dtensor_resolve_option(DTENSOR_WITH_CUDA CUDAToolkit_FOUND)
+# The kernels (src/backend/cuda/*.cu) compile for DTENSOR_CUDA_ARCHITECTURES (CMake's
+# CUDA_ARCHITECTURES syntax: "90", "80;90", "90-real"); CMAKE_CUDA_ARCHITECTURES,
+# when given, wins. One architecture by default keeps CI's compile time down; the
+# H100/H200 generation is the target (an A100 build needs -DDTENSOR_CUDA_ARCHITECTURES="80;90").
+if(DTENSOR_WITH_CUDA)
+  set(DTENSOR_CUDA_ARCHITECTURES "90" CACHE STRING "GPU architectures of the CUDA kernels")
+  if(NOT CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES ${DTENSOR_CUDA_ARCHITECTURES})
+  endif()
+  if(NOT CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  # The library links the shared runtime (CUDA::cudart); kernels must use the same one.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+  enable_language(CUDA)
+  # The kernels are C++20 like the rest (CUDA_STANDARD follows CXX_STANDARD); CMake
+  # 3.25 does not know nvcc's flag for it (nvcc 12+ takes -std=c++20).
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION OR CMAKE_CUDA20_STANDARD_COMPILE_OPTION STREQUAL "")
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+endif()
 
 # NCCL ships with the CUDA toolkit here but has no CMake package of its own.
 set(DTENSOR_NCCL_FOUND OFF)

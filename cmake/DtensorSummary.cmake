@@ -33,13 +33,9 @@ function(dtensor_summary)
   endif()
   message(STATUS "dtensor: communication backends: ${backends}")
   if(DTENSOR_WITH_CUDA)
-    if(CMAKE_CUDA_ARCHITECTURES)
-      set(archs "device code for ${CMAKE_CUDA_ARCHITECTURES}")
-    else()
-      set(archs "no device code yet (tensors move to and from GPUs; ops on them throw)")
-    endif()
-    message(STATUS "dtensor: CUDA ${CUDAToolkit_VERSION}: on, ${archs}; the library links "
-                   "libcudart.so.${CUDAToolkit_VERSION_MAJOR} (-DDTENSOR_WITH_CUDA=OFF builds without)")
+    message(STATUS "dtensor: CUDA ${CUDAToolkit_VERSION}: on, device code for ${CMAKE_CUDA_ARCHITECTURES} "
+                   "(DTENSOR_CUDA_ARCHITECTURES); the library links libcudart.so.${CUDAToolkit_VERSION_MAJOR} and "
+                   "libcublasLt.so.${CUDAToolkit_VERSION_MAJOR} (-DDTENSOR_WITH_CUDA=OFF builds without)")
   else()
     message(STATUS "dtensor: CUDA: off")
   endif()

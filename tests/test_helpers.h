@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -54,4 +55,15 @@ inline std::vector<double> reference_values(const Tensor& t) {
       EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)                 \
           << "message was: " << e.what();                                                \
     }                                                                                    \
+  } while (0)
+
+// Skips a GPU test where no GPU is visible, with a message; fails instead when
+// DTENSOR_REQUIRE_GPU is set (scripts/gpu-check.sh sets it on the GPU machine, where
+// a skip would hide a broken driver or build).
+#define REQUIRE_GPU()                                                                                       \
+  do {                                                                                                      \
+    if (!::dtensor::cuda_is_available()) {                                                                  \
+      if (std::getenv("DTENSOR_REQUIRE_GPU")) FAIL() << "DTENSOR_REQUIRE_GPU is set but no GPU is visible"; \
+      GTEST_SKIP() << "no GPU here: run scripts/gpu-check.sh on a GPU machine";                             \
+    }                                                                                                       \
   } while (0)

@@ -7,6 +7,7 @@
 #include "dtensor/comm_debug.h"
 #include "dtensor/cost_model.h"
 #include "dtensor/cpu.h"
+#include "dtensor/cuda.h"
 #include "dtensor/data.h"
 #include "dtensor/device.h"
 #include "dtensor/device_mesh.h"

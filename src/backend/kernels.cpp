@@ -18,15 +18,13 @@ bool cuda_is_available() { return cuda_device_count() > 0; }
 namespace backend {
 
 Kernels& cpu_kernels();  // cpu/cpu_kernels.cpp
+namespace cuda {
+Kernels& kernels();  // cuda/cuda_kernels.cpp (cuda/cuda_runtime_stub.cpp throws)
+}
 
 Kernels& kernels_for(Device device) {
   if (device.is_cpu()) return cpu_kernels();
-  // CUDA memory exists (tensors can be made and moved with to(Device)); the CUDA
-  // kernels arrive with the CUDA backend.
-  throw std::runtime_error(detail::concat(
-      "[kernels] no kernels for ", device.to_string(),
-      " in this build: CUDA tensors can be created and copied with to(Device), "
-      "ops run on the CPU until the CUDA backend lands"));
+  return cuda::kernels();
 }
 
 void* device_allocate(Device device, size_t bytes) {
@@ -52,7 +50,7 @@ void device_memcpy(void* dst, Device dst_device, const void* src, Device src_dev
   const cuda::CopyKind kind = src_device.is_cpu()   ? cuda::CopyKind::HostToDevice
                               : dst_device.is_cpu() ? cuda::CopyKind::DeviceToHost
                                                     : cuda::CopyKind::DeviceToDevice;
-  cuda::memcpy(dst, src, bytes, kind);
+  cuda::memcpy(dst, src, bytes, kind, dst_device.is_cuda() ? dst_device.index : src_device.index);
 }
 
 }  // namespace backend

@@ -1,5 +1,6 @@
-// Tensor factories. Non-CPU tensors are filled on the CPU and copied over until the
-// device has kernels of its own.
+// Tensor factories. Constant fills run on the tensor's device; random values and
+// ranges are made on the CPU and copied over (so a seed gives the CPU's numbers on
+// every device) until the devices generate them themselves.
 #include <cmath>
 
 #include "backend/kernels.h"
@@ -39,8 +40,10 @@ Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
 }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
-  return make_on(shape, dtype, device, "full",
-                 [&](backend::Kernels& k, Tensor& t) { k.fill(t, value); });
+  check_shape(shape, "full");
+  Tensor t = empty(shape, dtype, device);
+  backend::kernels_for(device).fill(t, value);
+  return t;
 }
 
 Tensor Tensor::arange(int64_t n, DType dtype, Device device) {

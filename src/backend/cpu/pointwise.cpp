@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_kernels.h"
+#include "backend/scalar_ops.h"
 
 namespace dtensor::backend::cpu {
 namespace {
@@ -84,41 +85,12 @@ void map_vec(VecRow vec_row, Tensor& out, const Ts&... in) {
   });
 }
 
-// Integer power by squaring; a negative exponent truncates toward zero as the
-// integer quotient 1/base^|e| does.
-template <class C>
-C integer_pow(C base, C exponent) {
-  if constexpr (std::is_same_v<C, bool>) {
-    return base || !exponent;
-  } else {
-    if (exponent < 0) return (base == 1) ? 1 : (base == -1) ? ((exponent & 1) ? -1 : 1) : 0;
-    C result = 1;
-    while (exponent > 0) {
-      if (exponent & 1) result *= base;
-      base *= base;
-      exponent >>= 1;
-    }
-    return result;
-  }
-}
-
 // True when every element of t is the same memory (a scalar expanded to a shape).
 bool is_expanded_scalar(const Tensor& t) {
   for (int64_t s : t.strides()) {
     if (s != 0) return false;
   }
   return true;
-}
-
-template <class C>
-C gelu_tanh(C x) {
-  const C k = C(0.7978845608028654);  // sqrt(2/pi)
-  return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
-}
-
-template <class C>
-C gelu_erf(C x) {
-  return C(0.5) * x * (C(1) + std::erf(x * C(0.7071067811865476)));
 }
 
 }  // namespace
@@ -128,7 +100,6 @@ void unary(UnaryOp op, const Tensor& a, Tensor& out) {
   visit_dtype(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
-    constexpr bool kFloat = is_float_v<T>;
     if constexpr (has_vec_v<T>) {
       if (const auto vop = vec_unary_of(op)) {
         auto* kernel = vec().unary[vec_index(out.dtype())];
@@ -139,42 +110,32 @@ void unary(UnaryOp op, const Tensor& a, Tensor& out) {
     auto run = [&](auto f) {
       parallel_pieces<2>({&out, &a}, kPointwiseGrain, [&](std::array<Tensor, 2>& p) { map<T, T>(f, p[0], p[1]); });
     };
+    // The scalar math is scalar_ops.h, shared with the CUDA kernels.
+    auto run_op = [&]<UnaryOp Op>() {
+      if constexpr (scalar::unary_defined<C>(Op)) {
+        run([](C x) { return scalar::unary<Op>(x); });
+        return true;
+      }
+      return false;
+    };
+    bool done = false;
     switch (op) {
-      case UnaryOp::Neg: return run([](C x) { return C(-x); });
-      case UnaryOp::Abs: return run([](C x) { return x < C(0) ? C(-x) : x; });
-      case UnaryOp::Relu: return run([](C x) { return x < C(0) ? C(0) : x; });
-      case UnaryOp::Square: return run([](C x) { return C(x * x); });
-      case UnaryOp::Exp:
-        if constexpr (kFloat) return run([](C x) { return std::exp(x); });
-        break;
-      case UnaryOp::Log:
-        if constexpr (kFloat) return run([](C x) { return std::log(x); });
-        break;
-      case UnaryOp::Sqrt:
-        if constexpr (kFloat) return run([](C x) { return std::sqrt(x); });
-        break;
-      case UnaryOp::Rsqrt:
-        if constexpr (kFloat) return run([](C x) { return C(1) / std::sqrt(x); });
-        break;
-      case UnaryOp::Tanh:
-        if constexpr (kFloat) return run([](C x) { return std::tanh(x); });
-        break;
-      case UnaryOp::Sigmoid:
-        if constexpr (kFloat) return run([](C x) { return C(1) / (C(1) + std::exp(-x)); });
-        break;
-      case UnaryOp::GeluTanh:
-        if constexpr (kFloat) return run([](C x) { return gelu_tanh(x); });
-        break;
-      case UnaryOp::GeluErf:
-        if constexpr (kFloat) return run([](C x) { return gelu_erf(x); });
-        break;
-      case UnaryOp::Silu:
-        if constexpr (kFloat) return run([](C x) { return x / (C(1) + std::exp(-x)); });
-        break;
-      case UnaryOp::Reciprocal:
-        if constexpr (kFloat) return run([](C x) { return C(1) / x; });
-        break;
+      case UnaryOp::Neg: done = run_op.template operator()<UnaryOp::Neg>(); break;
+      case UnaryOp::Abs: done = run_op.template operator()<UnaryOp::Abs>(); break;
+      case UnaryOp::Relu: done = run_op.template operator()<UnaryOp::Relu>(); break;
+      case UnaryOp::Square: done = run_op.template operator()<UnaryOp::Square>(); break;
+      case UnaryOp::Exp: done = run_op.template operator()<UnaryOp::Exp>(); break;
+      case UnaryOp::Log: done = run_op.template operator()<UnaryOp::Log>(); break;
+      case UnaryOp::Sqrt: done = run_op.template operator()<UnaryOp::Sqrt>(); break;
+      case UnaryOp::Rsqrt: done = run_op.template operator()<UnaryOp::Rsqrt>(); break;
+      case UnaryOp::Tanh: done = run_op.template operator()<UnaryOp::Tanh>(); break;
+      case UnaryOp::Sigmoid: done = run_op.template operator()<UnaryOp::Sigmoid>(); break;
+      case UnaryOp::GeluTanh: done = run_op.template operator()<UnaryOp::GeluTanh>(); break;
+      case UnaryOp::GeluErf: done = run_op.template operator()<UnaryOp::GeluErf>(); break;
+      case UnaryOp::Silu: done = run_op.template operator()<UnaryOp::Silu>(); break;
+      case UnaryOp::Reciprocal: done = run_op.template operator()<UnaryOp::Reciprocal>(); break;
     }
+    if (done) return;
     assert(false && "unary op not defined for an integer dtype");
   });
 }
@@ -185,7 +146,6 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   visit_dtype(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
-    constexpr bool kFloat = is_float_v<T>;
     // `a op scalar` is the common broadcast; giving it its own loop keeps that loop
     // contiguous (and vectorised) instead of strided with a zero stride.
     auto arith = [&](auto f) {
@@ -219,32 +179,21 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
       parallel_pieces<3>({&out, &a, &b}, kPointwiseGrain,
                          [&](std::array<Tensor, 3>& p) { map<bool, T, T>(f, p[0], p[1], p[2]); });
     };
+    // The scalar math is scalar_ops.h, shared with the CUDA kernels.
     switch (op) {
-      case BinaryOp::Add: return arith([](C x, C y) { return C(x + y); });
-      case BinaryOp::Sub: return arith([](C x, C y) { return C(x - y); });
-      case BinaryOp::Mul: return arith([](C x, C y) { return C(x * y); });
-      case BinaryOp::Div:
-        if constexpr (kFloat) {
-          return arith([](C x, C y) { return x / y; });
-        } else {
-          // The frontend promotes integer division to F32; never divide by zero here.
-          return arith([](C x, C y) { return y == C(0) ? C(0) : C(x / y); });
-        }
-      case BinaryOp::Pow:
-        if constexpr (kFloat) {
-          return arith([](C x, C y) { return std::pow(x, y); });
-        } else {
-          return arith([](C x, C y) { return integer_pow(x, y); });
-        }
-      // NaN wins in maximum/minimum, as in torch.maximum.
-      case BinaryOp::Maximum: return arith([](C x, C y) { return (x != x || x > y) ? x : y; });
-      case BinaryOp::Minimum: return arith([](C x, C y) { return (x != x || x < y) ? x : y; });
-      case BinaryOp::Eq: return compare([](C x, C y) { return x == y; });
-      case BinaryOp::Ne: return compare([](C x, C y) { return x != y; });
-      case BinaryOp::Lt: return compare([](C x, C y) { return x < y; });
-      case BinaryOp::Le: return compare([](C x, C y) { return x <= y; });
-      case BinaryOp::Gt: return compare([](C x, C y) { return x > y; });
-      case BinaryOp::Ge: return compare([](C x, C y) { return x >= y; });
+      case BinaryOp::Add: return arith([](C x, C y) { return scalar::binary<BinaryOp::Add>(x, y); });
+      case BinaryOp::Sub: return arith([](C x, C y) { return scalar::binary<BinaryOp::Sub>(x, y); });
+      case BinaryOp::Mul: return arith([](C x, C y) { return scalar::binary<BinaryOp::Mul>(x, y); });
+      case BinaryOp::Div: return arith([](C x, C y) { return scalar::binary<BinaryOp::Div>(x, y); });
+      case BinaryOp::Pow: return arith([](C x, C y) { return scalar::binary<BinaryOp::Pow>(x, y); });
+      case BinaryOp::Maximum: return arith([](C x, C y) { return scalar::binary<BinaryOp::Maximum>(x, y); });
+      case BinaryOp::Minimum: return arith([](C x, C y) { return scalar::binary<BinaryOp::Minimum>(x, y); });
+      case BinaryOp::Eq: return compare([](C x, C y) { return scalar::binary<BinaryOp::Eq>(x, y); });
+      case BinaryOp::Ne: return compare([](C x, C y) { return scalar::binary<BinaryOp::Ne>(x, y); });
+      case BinaryOp::Lt: return compare([](C x, C y) { return scalar::binary<BinaryOp::Lt>(x, y); });
+      case BinaryOp::Le: return compare([](C x, C y) { return scalar::binary<BinaryOp::Le>(x, y); });
+      case BinaryOp::Gt: return compare([](C x, C y) { return scalar::binary<BinaryOp::Gt>(x, y); });
+      case BinaryOp::Ge: return compare([](C x, C y) { return scalar::binary<BinaryOp::Ge>(x, y); });
     }
   });
 }

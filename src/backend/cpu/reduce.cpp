@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/loops.h"
+#include "backend/scalar_ops.h"
 
 namespace dtensor::backend::cpu {
 namespace {
@@ -167,10 +168,10 @@ void reduce(Kernels::Reduce op, const Tensor& a, const std::vector<int64_t>& dim
         break;
       // NaN wins, as in torch.amax.
       case Kernels::Reduce::Max:
-        accumulate<T>(a, dims, acc, identity, as_acc, [](Acc m, Acc v) { return (v > m || v != v) ? v : m; });
+        accumulate<T>(a, dims, acc, identity, as_acc, [](Acc m, Acc v) { return scalar::reduce_max(m, v); });
         break;
       case Kernels::Reduce::Min:
-        accumulate<T>(a, dims, acc, identity, as_acc, [](Acc m, Acc v) { return (v < m || v != v) ? v : m; });
+        accumulate<T>(a, dims, acc, identity, as_acc, [](Acc m, Acc v) { return scalar::reduce_min(m, v); });
         break;
     }
     if (op == Kernels::Reduce::Mean) {

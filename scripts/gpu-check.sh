@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The GPU check: ONE command for a machine with a GPU, the CUDA toolkit, CMake,
+# ninja and g++ (no network). Builds the library and the CUDA tests only (device
+# code for DTENSOR_CUDA_ARCHITECTURES, default 90), runs every CUDA test with
+# DTENSOR_REQUIRE_GPU=1 (a skip is a failure there) beside the CPU tests of the
+# allocator policy and the launch arithmetic, runs gpu_bench, and writes the
+# summary to $OUT/gpu-check.md (OUT defaults to ./gpu-check-out).
+# What the machine lacks (GoogleTest, OpenBLAS, nlohmann-json, CLI11) comes from
+# .gpu-deps/debs, prepared beforehand by scripts/gpu-prepare.sh and carried along;
+# the packages are unpacked into .gpu-deps/prefix, nothing is installed.
+#   bash scripts/gpu-check.sh            # about 2-3 minutes on 16 cores
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+out=${OUT:-$root/gpu-check-out}
+mkdir -p "$out"
+build=${GPU_CHECK_BUILD_DIR:-$root/build-gpu}
+archs=${DTENSOR_CUDA_ARCHITECTURES:-90}
+jobs=$(nproc)
+summary=$out/gpu-check.md
+log=$out/gpu-check.log
+: >"$log"
+say() { echo "$*" | tee -a "$summary"; }
+: >"$summary"
+start=$(date +%s)
+
+say "# dtensor GPU check $(date -u +%FT%TZ)"
+say ""
+say "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+say "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1 || echo 'nvidia-smi not found')"
+say "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') ($jobs cores)"
+nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+say "- nvcc: $("$nvcc" --version 2>/dev/null | tail -1), cmake $(cmake --version | head -1 | awk '{print $3}'), architectures $archs"
+
+# ---- dependencies from the carried packages ------------------------------------------
+prefix_args=()
+if [ -d .gpu-deps/debs ] && ls .gpu-deps/debs/*.deb >/dev/null 2>&1; then
+  p=$root/.gpu-deps/prefix
+  if [ ! -f "$p/.unpacked" ]; then
+    rm -rf "$p" && mkdir -p "$p"
+    for deb in .gpu-deps/debs/*.deb; do
+      if command -v dpkg-deb >/dev/null; then
+        dpkg-deb -x "$deb" "$p"
+      else  # not Debian: a .deb is an ar archive holding data.tar.*
+        tmp=$(mktemp -d) && (cd "$tmp" && ar x "$root/$deb" && tar -xf data.tar.* -C "$p") && rm -rf "$tmp"
+      fi
+    done
+    # The .pc files name /usr (prefix=/usr, or libdir=/usr/... outright); point them
+    # at the unpacked tree.
+    find "$p" -name '*.pc' -exec sed -i "s|^\([A-Za-z_]*\)=/usr|\1=$p/usr|" {} +
+    touch "$p/.unpacked"
+  fi
+  multiarch=$p/usr/lib/x86_64-linux-gnu
+  export PKG_CONFIG_PATH=$multiarch/openblas-pthread/pkgconfig:$multiarch/pkgconfig:$p/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$multiarch/openblas-pthread:$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  prefix_args=(-DCMAKE_PREFIX_PATH="$p/usr")
+  say "- dependencies: unpacked from .gpu-deps/debs ($(ls .gpu-deps/debs/*.deb | wc -l) packages)"
+else
+  say "- dependencies: the system's (no .gpu-deps/debs; scripts/gpu-prepare.sh makes it)"
+fi
+
+# ---- build: the library, the CUDA tests and gpu_bench only ---------------------------
+targets=(dtensor test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_caching_allocator test_offset_calc
+         test_gemm_layout gpu_bench)
+t0=$(date +%s)
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON \
+  -DDTENSOR_CUDA_ARCHITECTURES="$archs" -DCMAKE_CUDA_COMPILER="$nvcc" -DDTENSOR_WITH_MPI=OFF \
+  -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_WITH_BLIS=OFF -DDTENSOR_BUILD_EXAMPLES=OFF "${prefix_args[@]}" >>"$log" 2>&1 &&
+  cmake --build "$build" -j "$jobs" --target "${targets[@]}" >>"$log" 2>&1
+build_rc=$?
+say "- build: $([ $build_rc -eq 0 ] && echo ok || echo FAILED) in $(($(date +%s) - t0)) s (log: gpu-check.log)"
+if [ $build_rc -ne 0 ]; then
+  tail -40 "$log" | tee -a "$summary"
+  exit 1
+fi
+cu_obj=$(find "$build" -name 'elementwise.cu.o' | head -1)
+[ -n "$cu_obj" ] && say "- device code: $(du -k "$cu_obj" | cut -f1) KiB in elementwise.cu.o"
+
+# ---- tests -----------------------------------------------------------------------------
+say ""
+say "## Tests"
+say ""
+test_rc=0
+for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_caching_allocator test_offset_calc test_gemm_layout; do
+  DTENSOR_REQUIRE_GPU=1 timeout 300 "$build/tests/$t" >"$out/$t.txt" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && test_rc=1
+  line=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?[,.]|^\[  SKIPPED \] [0-9]+ tests?,' "$out/$t.txt" | tr '\n' ' ')
+  say "- $t: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)") $line"
+  [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$out/$t.txt" | head -60 | tee -a "$summary"
+done
+
+# ---- benchmarks ------------------------------------------------------------------------
+say ""
+say "## gpu_bench"
+say ""
+timeout 300 "$build/bench/gpu_bench" "$out/gpu-bench.md" >>"$log" 2>&1
+bench_rc=$?
+if [ -f "$out/gpu-bench.md" ]; then cat "$out/gpu-bench.md" | tee -a "$summary"; else say "gpu_bench FAILED (rc $bench_rc)"; fi
+say ""
+say "total: $(($(date +%s) - start)) s; tests $([ $test_rc -eq 0 ] && echo passed || echo FAILED)"
+[ $test_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -1,0 +1,149 @@
+// The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
+// runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
+// through cuBLASLt; every other entry throws a
+// std::runtime_error that names the op and says it has no CUDA kernel yet (move the
+// tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
+// current stream of the tensors' GPU.
+#include <cassert>
+#include <cstring>
+
+#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/elementwise.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/reduce.h"
+#include "backend/kernels.h"
+#include "backend/offset_calc.h"
+#include "util/check.h"
+
+namespace dtensor::backend {
+
+Kernels& cpu_kernels();  // cpu/cpu_kernels.cpp
+
+namespace cuda {
+namespace {
+
+[[noreturn]] void not_yet(const char* op, const Tensor& t) {
+  throw std::runtime_error(detail::concat("[", op, "] no CUDA kernel yet for ", op, " (tensor on ",
+                                          t.device().to_string(),
+                                          "); copy the operands with .to(Device::cpu()) until it lands"));
+}
+
+// The operands' index plan (operand 0 is the output).
+template <int N>
+OffsetCalc<N> plan(const Shape& shape, std::array<const Tensor*, N> operands) {
+  OffsetCalc<N> calc;
+  std::array<const int64_t*, N> strides;
+  for (int k = 0; k < N; ++k) strides[static_cast<size_t>(k)] = operands[static_cast<size_t>(k)]->strides().data();
+  DT_CHECK_SUPPORTED(make_offset_calc<N>(shape, strides, calc), "cuda elementwise", "at most ", kMaxOffsetDims,
+                     " strided dims after merging, got shape ", shape);
+  return calc;
+}
+
+void* stream_of(const Tensor& t) { return current_stream(t.device().index); }
+
+class CudaKernels final : public Kernels {
+ public:
+  void copy(const Tensor& src, Tensor& dst) override {
+    assert(src.shape() == dst.shape() && src.device() == dst.device());
+    if (src.dtype() == dst.dtype() && src.is_contiguous() && dst.is_contiguous()) {
+      cuda::memcpy(dst.data_ptr(), src.data_ptr(), src.nbytes(), CopyKind::DeviceToDevice, dst.device().index);
+      return;
+    }
+    launch_copy(src.dtype(), dst.dtype(), dst.numel(), plan<2>(dst.shape(), {&dst, &src}), dst.data_ptr(),
+                src.data_ptr(), stream_of(dst));
+  }
+  void fill(Tensor& dst, double value) override {
+    // The element's bits as the CPU rounds `value` to the dtype.
+    Tensor one = Tensor::empty({1}, dst.dtype());
+    cpu_kernels().fill(one, value);
+    uint64_t bits = 0;
+    std::memcpy(&bits, one.data_ptr(), dtype_size(dst.dtype()));
+    launch_fill(dtype_size(dst.dtype()), bits, dst.numel(), plan<1>(dst.shape(), {&dst}), dst.data_ptr(),
+                stream_of(dst));
+  }
+  void fill_randn(Tensor& dst, uint64_t, uint64_t) override { not_yet("randn", dst); }
+  void fill_rand(Tensor& dst, uint64_t, uint64_t) override { not_yet("rand", dst); }
+  void arange(Tensor& dst, double, double) override { not_yet("arange", dst); }
+
+  void unary(UnaryOp op, const Tensor& a, Tensor& out) override {
+    launch_unary(op, out.dtype(), out.numel(), plan<2>(out.shape(), {&out, &a}), out.data_ptr(), a.data_ptr(),
+                 stream_of(out));
+  }
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) override {
+    launch_binary(op, a.dtype(), out.numel(), plan<3>(out.shape(), {&out, &a, &b}), out.data_ptr(), a.data_ptr(),
+                  b.data_ptr(), stream_of(out));
+  }
+  void where(const Tensor& c, const Tensor& a, const Tensor& b, Tensor& out) override {
+    launch_where(dtype_size(out.dtype()), out.numel(), plan<4>(out.shape(), {&out, &c, &a, &b}), out.data_ptr(),
+                 c.data_ptr(), a.data_ptr(), b.data_ptr(), stream_of(out));
+  }
+
+  void reduce(Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out) override {
+    assert(out.is_contiguous());
+    ReducePlan p;
+    DT_CHECK_SUPPORTED(make_reduce_plan(a.shape(), a.strides().data(), dims, p), "cuda reduce", "at most ",
+                       kMaxOffsetDims, " strided dims after merging, got shape ", a.shape());
+    const ReduceOp kind = op == Reduce::Sum    ? ReduceOp::Sum
+                          : op == Reduce::Mean ? ReduceOp::Mean
+                          : op == Reduce::Max  ? ReduceOp::Max
+                                               : ReduceOp::Min;
+    launch_reduce(kind, a.dtype(), out.dtype(), p, out.data_ptr(), a.data_ptr(), stream_of(a));
+  }
+  void var(const Tensor& a, const std::vector<int64_t>&, int64_t, Tensor&) override { not_yet("var", a); }
+  void argmax(const Tensor& a, int64_t, Tensor&) override { not_yet("argmax", a); }
+  void matmul(const Tensor& a, const Tensor& b, Tensor& out) override {
+    const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+    if (out.numel() == 0) return;
+    if (k == 0) return fill(out, 0);
+    // An operand with neither rows nor columns contiguous is copied contiguous first.
+    BlasOperand probe;
+    const Tensor x = blas_operand(m, k, a.stride(1), a.stride(2), a.stride(0), probe) ? a : a.contiguous();
+    const Tensor y = blas_operand(k, n, b.stride(1), b.stride(2), b.stride(0), probe) ? b : b.contiguous();
+    GemmPlan p;
+    [[maybe_unused]] const bool planned = make_gemm_plan(batch, m, n, k, x.strides().data(), y.strides().data(), p);
+    assert(planned);
+    gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
+  }
+  void softmax(const Tensor& a, int64_t, bool, Tensor&) override { not_yet("softmax", a); }
+  void softmax_backward(const Tensor& g, const Tensor&, int64_t, bool, Tensor&) override {
+    not_yet("softmax_backward", g);
+  }
+  void layer_norm(const Tensor& x, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) override {
+    not_yet("layer_norm", x);
+  }
+  void layer_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
+                           Tensor&, Tensor&) override {
+    not_yet("layer_norm_backward", g);
+  }
+  void rms_norm(const Tensor& x, const Tensor&, double, Tensor&, Tensor&) override { not_yet("rms_norm", x); }
+  void rms_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) override {
+    not_yet("rms_norm_backward", g);
+  }
+  void gelu_backward(const Tensor& g, const Tensor&, GeluApprox, Tensor&) override { not_yet("gelu_backward", g); }
+  void silu_backward(const Tensor& g, const Tensor&, Tensor&) override { not_yet("silu_backward", g); }
+  void embedding(const Tensor& table, const Tensor&, bool, Tensor&) override { not_yet("embedding", table); }
+  void embedding_backward(const Tensor& g, const Tensor&, bool, Tensor&) override { not_yet("embedding_backward", g); }
+  void cross_entropy(const Tensor& logits, const Tensor&, int64_t, Tensor&) override {
+    not_yet("cross_entropy", logits);
+  }
+  void cross_entropy_backward(const Tensor& g, const Tensor&, const Tensor&, int64_t, Tensor&) override {
+    not_yet("cross_entropy_backward", g);
+  }
+  void attention(const Tensor& q, const Tensor&, const Tensor&, bool, double, Tensor&, Tensor&) override {
+    not_yet("attention", q);
+  }
+  void attention_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                          bool, double, Tensor&, Tensor&, Tensor&) override {
+    not_yet("attention_backward", g);
+  }
+};
+
+}  // namespace
+
+Kernels& kernels() {
+  static CudaKernels table;
+  return table;
+}
+
+}  // namespace cuda
+}  // namespace dtensor::backend

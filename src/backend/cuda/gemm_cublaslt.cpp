@@ -1,0 +1,158 @@
+// Batched matmul through cuBLASLt (FP32, FP64, BF16 and F16 with FP32
+// accumulation; FP32 on TF32 tensor cores when cuda::set_allow_tf32(true)). The
+// row-major to column-major mapping is backend/gemm_layout.h (tested on the CPU);
+// operands in neither layout are copied contiguous first. Runs on the calling
+// thread's current stream, with its workspace from the caching allocator.
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_runtime.h"
+#include "backend/cuda/gemm.h"
+#include "backend/gemm_layout.h"
+#include "dtensor/cuda.h"
+#include "dtensor/error.h"
+#include "util/check.h"
+
+namespace dtensor {
+namespace cuda {
+namespace {
+std::atomic<bool> tf32_allowed{false};
+}
+void set_allow_tf32(bool allow) { tf32_allowed.store(allow, std::memory_order_relaxed); }
+bool allow_tf32() { return tf32_allowed.load(std::memory_order_relaxed); }
+}  // namespace cuda
+
+namespace backend::cuda {
+namespace {
+
+constexpr size_t kWorkspace = size_t{32} << 20;  // as PyTorch's cuBLASLt default on Hopper
+
+void check_lt(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(detail::concat("[", call, "] cuBLAS error: ", cublasLtGetStatusName(status), ": ",
+                                            cublasLtGetStatusString(status)));
+  }
+}
+
+// One handle per thread and device (a handle is cheap and not shared across ranks).
+cublasLtHandle_t handle(int device) {
+  struct Handles {
+    cublasLtHandle_t h[64] = {};
+    ~Handles() {
+      for (auto x : h) {
+        if (x) cublasLtDestroy(x);
+      }
+    }
+  };
+  thread_local Handles handles;
+  cublasLtHandle_t& h = handles.h[device];
+  if (!h) check_lt(cublasLtCreate(&h), "cublasLtCreate");
+  return h;
+}
+
+// Owns the descriptors of one call.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Descriptors() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+cublasLtMatrixLayout_t layout(cudaDataType_t type, uint64_t rows, uint64_t cols, int64_t ld, int64_t batch,
+                              int64_t batch_stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  check_lt(cublasLtMatrixLayoutCreate(&l, type, rows, cols, ld), "cublasLtMatrixLayoutCreate");
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+             "cublasLtMatrixLayoutSetAttribute");
+    check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride,
+                                              sizeof batch_stride),
+             "cublasLtMatrixLayoutSetAttribute");
+  }
+  return l;
+}
+
+}  // namespace
+
+void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* out, int device) {
+  cudaDataType_t type;
+  cublasComputeType_t compute;
+  cudaDataType_t scale = CUDA_R_32F;
+  switch (dtype) {
+    case DType::F32:
+      type = CUDA_R_32F;
+      compute = dtensor::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      break;
+    case DType::F64:
+      type = CUDA_R_64F;
+      compute = CUBLAS_COMPUTE_64F;
+      scale = CUDA_R_64F;
+      break;
+    case DType::BF16:
+      type = CUDA_R_16BF;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
+    case DType::F16:
+      type = CUDA_R_16F;
+      compute = CUBLAS_COMPUTE_32F;
+      break;
+    default:
+      throw std::runtime_error(
+          detail::concat("[matmul] no CUDA matmul for ", dtype_name(dtype), " (cuBLASLt takes f32, f64, bf16, f16)"));
+  }
+  cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
+  Descriptors d;
+  check_lt(cublasLtMatmulDescCreate(&d.op, compute, scale), "cublasLtMatmulDescCreate");
+  const cublasOperation_t ta = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = p.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+           "cublasLtMatmulDescSetAttribute");
+  check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+           "cublasLtMatmulDescSetAttribute");
+  // BLAS computes C (n x m) = op(A) (n x k) op(B) (k x m); layouts are of the stored
+  // matrices, before op.
+  const auto bn = static_cast<uint64_t>(p.n), bm = static_cast<uint64_t>(p.m), bk = static_cast<uint64_t>(p.k);
+  d.a = p.a.transpose ? layout(type, bk, bn, p.a.ld, p.batch, p.a.batch_stride)
+                      : layout(type, bn, bk, p.a.ld, p.batch, p.a.batch_stride);
+  d.b = p.b.transpose ? layout(type, bm, bk, p.b.ld, p.batch, p.b.batch_stride)
+                      : layout(type, bk, bm, p.b.ld, p.batch, p.b.batch_stride);
+  d.c = layout(type, bn, bm, p.ldc, p.batch, p.batch_stride_c);
+  check_lt(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t workspace_bytes = kWorkspace;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                sizeof workspace_bytes),
+           "cublasLtMatmulPreferenceSetAttribute");
+  cublasLtHandle_t h = handle(device);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  check_lt(cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found),
+           "cublasLtMatmulAlgoGetHeuristic");
+  DT_CHECK_SUPPORTED(found > 0, "matmul", "cuBLASLt has no algorithm for ", dtype_name(dtype), " [", p.batch, ", ", p.m,
+                     ", ", p.k, "] @ [", p.k, ", ", p.n, "]");
+  // The workspace is stream-ordered like any tensor: freed right after the launch,
+  // reused only by later work on this stream.
+  void* workspace = result.workspaceSize > 0 ? allocate(device, result.workspaceSize) : nullptr;
+  const float one_f = 1, zero_f = 0;
+  const double one_d = 1, zero_d = 0;
+  const void* alpha = scale == CUDA_R_64F ? static_cast<const void*>(&one_d) : &one_f;
+  const void* beta = scale == CUDA_R_64F ? static_cast<const void*>(&zero_d) : &zero_f;
+  const cublasStatus_t status = cublasLtMatmul(h, d.op, alpha, b, d.a, a, d.b, beta, out, d.c, out, d.c, &result.algo,
+                                               workspace, result.workspaceSize, stream);
+  if (workspace) free(device, workspace);
+  check_lt(status, "cublasLtMatmul");
+}
+
+}  // namespace backend::cuda
+}  // namespace dtensor

@@ -1,0 +1,131 @@
+// Cross-device conformance of the elementwise ops and reductions (label cuda): every
+// op and dtype on CUDA against the CPU result, on contiguous, broadcast and strided
+// operands.
+// Skips with a message where no GPU is visible; the shared scalar math and the
+// launcher's index arithmetic are covered on the CPU by the pointwise suites and
+// test_offset_calc (the reduction plan too).
+#include "test_helpers.h"
+
+using namespace dtensor;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// Values in (lo, hi), reproducible, of `dtype`.
+Tensor values(const Shape& shape, DType dtype, double lo, double hi, uint64_t seed) {
+  Tensor u = Tensor::rand(shape, seed);
+  return (u * (hi - lo) + lo).to(dtype);
+}
+
+void expect_same(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what) {
+  ASSERT_EQ(gpu.device(), kGpu) << what;
+  Tensor back = gpu.to(Device::cpu());
+  ASSERT_EQ(back.dtype(), cpu.dtype()) << what;
+  ASSERT_EQ(back.shape(), cpu.shape()) << what;
+  EXPECT_TRUE(allclose(back.to(DType::F64), cpu.to(DType::F64), tol, tol)) << what;
+}
+
+double tolerance(DType t) { return t == DType::BF16 ? 2e-2 : t == DType::F16 ? 2e-3 : t == DType::F32 ? 1e-5 : 1e-12; }
+
+}  // namespace
+
+TEST(CudaElementwise, UnaryOpsMatchTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    Tensor x = values({33, 17}, t, 0.1, 3.0, 1);
+    Tensor g = x.to(kGpu);
+    for (UnaryOp op : {UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Rsqrt,
+                       UnaryOp::Tanh, UnaryOp::Sigmoid, UnaryOp::Relu, UnaryOp::GeluTanh, UnaryOp::GeluErf,
+                       UnaryOp::Silu, UnaryOp::Square, UnaryOp::Reciprocal}) {
+      expect_same(unary(op, g), unary(op, x), tolerance(t),
+                  std::string(op_name(op)) + " " + std::string(dtype_name(t)));
+      // A transposed (strided) input.
+      expect_same(unary(op, g.transpose(0, 1)), unary(op, x.transpose(0, 1)), tolerance(t),
+                  std::string(op_name(op)) + " transposed");
+    }
+  }
+  Tensor ints = Tensor::from_vector<int64_t>({-3, 0, 5, 1LL << 40}, {4});
+  for (UnaryOp op : {UnaryOp::Neg, UnaryOp::Abs, UnaryOp::Relu, UnaryOp::Square}) {
+    expect_same(unary(op, ints.to(kGpu)), unary(op, ints), 0, op_name(op));
+  }
+}
+
+TEST(CudaElementwise, BinaryOpsBroadcastAndCompareLikeTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32}) {
+    const bool integral = is_integral(t);
+    Tensor a = values({4, 1, 6}, t, integral ? -5 : 0.5, integral ? 9 : 2.5, 2);
+    Tensor b = values({3, 1}, t, integral ? 1 : 0.5, integral ? 4 : 2.5, 3);
+    for (BinaryOp op :
+         {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Maximum,
+          BinaryOp::Minimum, BinaryOp::Eq, BinaryOp::Ne, BinaryOp::Lt, BinaryOp::Le, BinaryOp::Gt, BinaryOp::Ge}) {
+      const std::string what = std::string(op_name(op)) + " " + std::string(dtype_name(t));
+      expect_same(binary(op, a.to(kGpu), b.to(kGpu)), binary(op, a, b), tolerance(t) * 10, what);
+      expect_same(binary(op, a.to(kGpu), 2.0), binary(op, a, 2.0), tolerance(t) * 10, what + " scalar");
+    }
+  }
+  Tensor nan = Tensor::from_vector<float>({std::nanf(""), 1.0f}, {2});
+  Tensor one = Tensor::from_vector<float>({0.0f, std::nanf("")}, {2});
+  Tensor m = maximum(nan.to(kGpu), one.to(kGpu)).to(Device::cpu());
+  EXPECT_TRUE(std::isnan(m.to_vector<float>()[0]) && std::isnan(m.to_vector<float>()[1]));  // NaN wins
+}
+
+TEST(CudaElementwise, CopiesConvertEveryDtypePairLikeTheCpu) {
+  REQUIRE_GPU();
+  const std::vector<DType> all = {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool};
+  Tensor base = Tensor::from_vector<double>({-2.75, -1, 0, 0.5, 1.5, 3.999, 100, 65504}, {2, 4});
+  for (DType from : all) {
+    Tensor src = base.to(from);
+    for (DType to : all) {
+      const std::string what = std::string(dtype_name(from)) + " -> " + std::string(dtype_name(to));
+      expect_same(src.to(kGpu).to(to), src.to(to), 0, what);
+      // Strided destination and source: a transposed copy_ on the device.
+      Tensor dst = Tensor::zeros({4, 2}, to, kGpu);
+      dst.copy_(src.to(kGpu).transpose(0, 1));
+      expect_same(dst, src.transpose(0, 1).to(to), 0, what + " transposed");
+    }
+  }
+}
+
+TEST(CudaElementwise, FillsAndWhereMoveTheCpusBits) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    expect_same(Tensor::full({5, 3}, 1.3, t, kGpu), Tensor::full({5, 3}, 1.3, t), 0, std::string(dtype_name(t)));
+    Tensor half = Tensor::zeros({6, 4}, t, kGpu).slice(1, 0, 4, 2);  // a strided destination
+    half.fill_(1.0);
+    expect_same(half, Tensor::ones({6, 2}, t), 0, "strided fill");
+    Tensor c = Tensor::from_vector<bool>({true, false, true}, {3, 1});
+    Tensor a = Tensor::full({1, 4}, 7, t);
+    Tensor b = Tensor::full({3, 4}, 2, t);
+    expect_same(where(c.to(kGpu), a.to(kGpu), b.to(kGpu)), where(c, a, b), 0, "where");
+  }
+}
+
+TEST(CudaElementwise, MixedDevicesAndMissingKernelsFailClearly) {
+  REQUIRE_GPU();
+  Tensor g = Tensor::ones({2, 2}, DType::F32, kGpu);
+  EXPECT_THROW_MSG(add(g, Tensor::ones({2, 2})), std::invalid_argument, "devices differ: cuda:0 and cpu");
+  EXPECT_THROW_MSG(softmax(g, -1), std::runtime_error, "no CUDA kernel yet");
+}
+
+TEST(CudaReduce, SumMeanMaxMinMatchTheCpuOverAnyDims) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    const std::string dt(dtype_name(t));
+    Tensor a = values({5, 7, 300}, t, -4, 4, 21);
+    Tensor g = a.to(kGpu);
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{2}, {0}, {0, 2}, {1}, {0, 1, 2}}) {
+      const std::string what = dt + " over " + std::to_string(dims.size()) + " dims from " + std::to_string(dims[0]);
+      const double tol = t == DType::BF16 ? 2e-2 : t == DType::F16 ? 2e-3 : 1e-6;
+      expect_same(sum(g, dims), sum(a, dims), tol, "sum " + what);
+      expect_same(mean(g, dims), mean(a, dims), tol, "mean " + what);
+      expect_same(amax(g, dims), amax(a, dims), 0, "max " + what);
+      expect_same(amin(g, dims), amin(a, dims), 0, "min " + what);
+    }
+    // A transposed (strided) input.
+    expect_same(sum(g.transpose(0, 2), {1}), sum(a.transpose(0, 2), {1}), 1e-3, "sum transposed " + dt);
+  }
+  Tensor nan = Tensor::from_vector<float>({1, std::nanf(""), 3}, {3});
+  EXPECT_TRUE(std::isnan(amax(nan.to(kGpu)).item<float>()));  // NaN wins, as on the CPU
+}
