@@ -6,8 +6,10 @@
 # allocator policy and the launch arithmetic, runs gpu_bench, and writes the
 # summary to $OUT/gpu-check.md (OUT defaults to ./gpu-check-out).
 # What the machine lacks (GoogleTest, OpenBLAS, nlohmann-json, CLI11) comes from
-# .gpu-deps/debs, prepared beforehand by scripts/gpu-prepare.sh and carried along;
-# the packages are unpacked into .gpu-deps/prefix, nothing is installed.
+# .gpu-deps/debs, prepared beforehand by scripts/gpu-prepare.sh and carried along
+# (carry .gpu-deps/debs only: 13 MB); the packages are unpacked into the build
+# folder, nothing is installed. $OUT gets three files: gpu-check.md (the summary),
+# tests.txt (every test program's output) and gpu-check.log (configure and build).
 #   bash scripts/gpu-check.sh            # about 2-3 minutes on 16 cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,12 +33,14 @@ say "- GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=c
 say "- CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') ($jobs cores)"
 nvcc=${CUDACXX:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 say "- nvcc: $("$nvcc" --version 2>/dev/null | tail -1), cmake $(cmake --version | head -1 | awk '{print $3}'), architectures $archs"
+say "- host: $(g++ --version 2>/dev/null | head -1), $(ldd --version 2>/dev/null | head -1)"
 
 # ---- dependencies from the carried packages ------------------------------------------
 prefix_args=()
 if [ -d .gpu-deps/debs ] && ls .gpu-deps/debs/*.deb >/dev/null 2>&1; then
-  p=$root/.gpu-deps/prefix
-  if [ ! -f "$p/.unpacked" ]; then
+  # Unpacked beside the build, keyed by its own path: the .pc files get absolute paths.
+  p=$build/deps
+  if [ "$(cat "$p/.unpacked" 2>/dev/null)" != "$p" ]; then
     rm -rf "$p" && mkdir -p "$p"
     for deb in .gpu-deps/debs/*.deb; do
       if command -v dpkg-deb >/dev/null; then
@@ -48,15 +52,24 @@ if [ -d .gpu-deps/debs ] && ls .gpu-deps/debs/*.deb >/dev/null 2>&1; then
     # The .pc files name /usr (prefix=/usr, or libdir=/usr/... outright); point them
     # at the unpacked tree.
     find "$p" -name '*.pc' -exec sed -i "s|^\([A-Za-z_]*\)=/usr|\1=$p/usr|" {} +
-    touch "$p/.unpacked"
+    echo "$p" >"$p/.unpacked"
   fi
   multiarch=$p/usr/lib/x86_64-linux-gnu
   export PKG_CONFIG_PATH=$multiarch/openblas-pthread/pkgconfig:$multiarch/pkgconfig:$p/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$multiarch/openblas-pthread:$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   prefix_args=(-DCMAKE_PREFIX_PATH="$p/usr")
+  if [ -x "$p/usr/bin/pkgconf" ]; then
+    prefix_args+=(-DPKG_CONFIG_EXECUTABLE="$p/usr/bin/pkgconf")
+    export LD_LIBRARY_PATH=$multiarch:$LD_LIBRARY_PATH
+  fi
   say "- dependencies: unpacked from .gpu-deps/debs ($(ls .gpu-deps/debs/*.deb | wc -l) packages)"
 else
   say "- dependencies: the system's (no .gpu-deps/debs; scripts/gpu-prepare.sh makes it)"
+fi
+
+if ! command -v pkg-config >/dev/null && [ ! -x "${p:-/nonexistent}/usr/bin/pkgconf" ]; then
+  say "- pkg-config: missing (the build finds OpenBLAS through it); scripts/gpu-prepare.sh carries pkgconf"
+  exit 1
 fi
 
 # ---- build: the library, the CUDA tests and gpu_bench only ---------------------------
@@ -81,22 +94,25 @@ say ""
 say "## Tests"
 say ""
 test_rc=0
+: >"$out/tests.txt"
 for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_caching_allocator test_offset_calc test_gemm_layout; do
-  DTENSOR_REQUIRE_GPU=1 timeout 300 "$build/tests/$t" >"$out/$t.txt" 2>&1
+  # 90 s each keeps the whole check inside one device call even when a suite hangs.
+  DTENSOR_REQUIRE_GPU=1 timeout 90 "$build/tests/$t" >"$build/$t.txt" 2>&1
   rc=$?
+  { echo "===== $t (rc $rc)"; cat "$build/$t.txt"; } >>"$out/tests.txt"
   [ $rc -ne 0 ] && test_rc=1
-  line=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?[,.]|^\[  SKIPPED \] [0-9]+ tests?,' "$out/$t.txt" | tr '\n' ' ')
+  line=$(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ tests?[,.]|^\[  SKIPPED \] [0-9]+ tests?,' "$build/$t.txt" | tr '\n' ' ')
   say "- $t: $([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)") $line"
-  [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$out/$t.txt" | head -60 | tee -a "$summary"
+  [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$build/$t.txt" | head -60 | tee -a "$summary"
 done
 
 # ---- benchmarks ------------------------------------------------------------------------
 say ""
 say "## gpu_bench"
 say ""
-timeout 300 "$build/bench/gpu_bench" "$out/gpu-bench.md" >>"$log" 2>&1
+timeout 150 "$build/bench/gpu_bench" "$build/gpu-bench.md" >>"$log" 2>&1
 bench_rc=$?
-if [ -f "$out/gpu-bench.md" ]; then cat "$out/gpu-bench.md" | tee -a "$summary"; else say "gpu_bench FAILED (rc $bench_rc)"; fi
+if [ -f "$build/gpu-bench.md" ]; then cat "$build/gpu-bench.md" | tee -a "$summary"; else say "gpu_bench FAILED (rc $bench_rc)"; fi
 say ""
 say "total: $(($(date +%s) - start)) s; tests $([ $test_rc -eq 0 ] && echo passed || echo FAILED)"
 [ $test_rc -eq 0 ] && [ $bench_rc -eq 0 ]

@@ -8,13 +8,26 @@ using namespace dtensor;
 
 namespace {
 const Device kGpu = Device::cuda(0);
+using View = Tensor (*)(const Tensor&);
+Tensor same(const Tensor& t) { return t; }
 
-void expect_matmul_matches(const Tensor& a, const Tensor& b, double tol, const std::string& what) {
-  Tensor cpu = matmul(a, b);
-  Tensor gpu = matmul(a.to(kGpu), b.to(kGpu)).to(Device::cpu());
+// `view_a(a) @ view_b(b)` on the GPU against the CPU. The views are taken after the
+// upload (Tensor::to makes its source contiguous), so transposed, strided and offset
+// operands reach the GPU kernels as they are.
+void expect_matmul_matches(const Tensor& a, const Tensor& b, double tol, const std::string& what, View view_a = same,
+                           View view_b = same) {
+  Tensor cpu = matmul(view_a(a), view_b(b));
+  Tensor gpu = matmul(view_a(a.to(kGpu)), view_b(b.to(kGpu))).to(Device::cpu());
   ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
   EXPECT_TRUE(allclose(gpu.to(DType::F64), cpu.to(DType::F64), tol, tol)) << what;
 }
+
+Tensor transposed(const Tensor& t) { return t.transpose(-1, -2); }
+Tensor every_other_column(const Tensor& t) { return t.slice(-1, 0, t.size(-1), 2); }
+// Starts one row in: a pointer 4-140 bytes past an allocation's 512-byte boundary.
+Tensor from_second_row(const Tensor& t) { return t.narrow(-2, 1, t.size(-2) - 1); }
+Tensor first_of_batch(const Tensor& t) { return t.select(0, 0); }
+Tensor second_of_batch(const Tensor& t) { return t.select(0, 1); }
 }  // namespace
 
 TEST(CudaMatmul, EveryFloatDtypeAndLayoutMatchesTheCpu) {
@@ -24,12 +37,15 @@ TEST(CudaMatmul, EveryFloatDtypeAndLayoutMatchesTheCpu) {
     const std::string dt(dtype_name(t));
     Tensor a = Tensor::randn({3, 33, 70}, 1, t), b = Tensor::randn({3, 70, 17}, 2, t);
     expect_matmul_matches(a, b, tol, dt + " batched");
-    expect_matmul_matches(a.select(0, 0), b.select(0, 0), tol, dt + " 2-D");
-    expect_matmul_matches(Tensor::randn({3, 70, 33}, 3, t).transpose(1, 2), b, tol, dt + " a transposed");
-    expect_matmul_matches(a, Tensor::randn({3, 17, 70}, 4, t).transpose(1, 2), tol, dt + " b transposed");
+    expect_matmul_matches(a, b, tol, dt + " 2-D", first_of_batch, first_of_batch);
+    expect_matmul_matches(a, b, tol, dt + " 2-D at an offset", second_of_batch, second_of_batch);
+    expect_matmul_matches(Tensor::randn({3, 70, 33}, 3, t), b, tol, dt + " a transposed", transposed);
+    expect_matmul_matches(a, Tensor::randn({3, 17, 70}, 4, t), tol, dt + " b transposed", same, transposed);
     expect_matmul_matches(a, Tensor::randn({70, 17}, 5, t), tol, dt + " b broadcast over the batch");
-    expect_matmul_matches(Tensor::randn({1, 6, 16}, 6, t).slice(2, 0, 16, 2), Tensor::randn({8, 5}, 7, t), tol,
-                          dt + " a strided (copied first)");
+    expect_matmul_matches(a, Tensor::randn({3, 71, 17}, 6, t), tol, dt + " b from its second row", same,
+                          from_second_row);
+    expect_matmul_matches(Tensor::randn({1, 6, 16}, 6, t), Tensor::randn({8, 5}, 7, t), tol,
+                          dt + " a strided (copied first)", every_other_column);
   }
 }
 

@@ -282,8 +282,11 @@ void memcpy(void* dst, const void* src, size_t bytes, CopyKind kind, int device)
     case CopyKind::HostToDevice:
       if (bytes >= kStagedFrom)
         return staged_to_device(static_cast<char*>(dst), static_cast<const char*>(src), bytes, stream);
-      // A pageable source is read before cudaMemcpyAsync returns.
+      // CUDA does not promise that a pageable source has been read when cudaMemcpyAsync
+      // returns (it "may" stage it), and the caller may free it next: wait, as PyTorch's
+      // blocking copy does.
       check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
       return;
     case CopyKind::DeviceToHost:
       if (bytes >= kStagedFrom)

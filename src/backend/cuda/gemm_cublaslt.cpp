@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -134,11 +135,30 @@ void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* ou
   check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                 sizeof workspace_bytes),
            "cublasLtMatmulPreferenceSetAttribute");
+  // The heuristic assumes 256-byte aligned operands unless told otherwise, and views
+  // (a row slice, select(0, i)) start anywhere: an algorithm that needs more alignment
+  // than it gets fails or faults, so each pointer's own alignment is passed. In BLAS
+  // terms A is b, B is a, and C = D is out (row-major swap above).
+  const auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* ptr) {
+    uint32_t bytes = 256;
+    while (bytes > 1 && reinterpret_cast<uintptr_t>(ptr) % bytes != 0) bytes /= 2;
+    check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof bytes),
+             "cublasLtMatmulPreferenceSetAttribute");
+  };
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b);
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a);
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, out);
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, out);
   cublasLtHandle_t h = handle(device);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  check_lt(cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found),
-           "cublasLtMatmulAlgoGetHeuristic");
+  const cublasStatus_t heuristic =
+      cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
+  // No algorithm for these layouts is NOT_SUPPORTED (or nothing found): say so plainly.
+  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED)
+    found = 0;
+  else
+    check_lt(heuristic, "cublasLtMatmulAlgoGetHeuristic");
   DT_CHECK_SUPPORTED(found > 0, "matmul", "cuBLASLt has no algorithm for ", dtype_name(dtype), " [", p.batch, ", ", p.m,
                      ", ", p.k, "] @ [", p.k, ", ", p.n, "]");
   // The workspace is stream-ordered like any tensor: freed right after the launch,
