@@ -17,8 +17,6 @@
 // same sampling rule and random draw.
 #include <dtensor/dtensor.h>
 
-#include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,6 +28,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "cli.h"  // examples/common
 
 using namespace dtensor;
 
@@ -74,14 +74,7 @@ std::optional<Settings> parse(int argc, char** argv) {
   app.add_option("--top-k", s.top_k, "sample among the K most likely tokens only (0: all)")->capture_default_str();
   app.add_option("--seed", s.seed, "seed of the random draws")->capture_default_str();
   app.add_flag("--check", s.check, "compare the logits and tokens with the same model on one rank");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    throw std::invalid_argument(std::string(e.what()) + " (see --help)");
-  }
+  if (!tools::parse_command_line(app, argc, argv)) return std::nullopt;  // --help
   s.mesh = parse_mesh_spec(mesh);
   if (s.load.empty()) throw std::invalid_argument("--load FILE is required (train_gpt --save FILE writes one)");
   for (const std::string& name : s.mesh.names) {

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "cli.h"
+
 namespace dtensor::tools {
 
 using Json = nlohmann::json;
@@ -260,14 +262,7 @@ std::optional<TrainConfig> parse_train_args(int argc, const char* const* argv) {
   app.add_option("--config", config_path, "JSON file with any of the keys below (without the dashes); flags win");
   add_train_flags(app, flags);
   app.allow_extras();  // reported below, by name and in order
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return std::nullopt;
-  } catch (const CLI::ParseError& e) {
-    throw std::invalid_argument(std::string(e.what()) + " (see --help)");
-  }
+  if (!parse_command_line(app, argc, argv)) return std::nullopt;  // --help
   const std::vector<std::string> extras = app.remaining();
   for (const std::string& arg : extras) {
     if (arg.rfind("-", 0) == 0) {
