@@ -58,6 +58,44 @@ TEST(Softmax, LargeLogitsDoNotOverflow) {
   expect_close(log_softmax(x, 1), ref_softmax({0, 1, -1}, {1, 3}, 1, true), "large log", 2.0);
 }
 
+// The vectorised row kernel: rows longer than its 8-register blocks (with tails), logits
+// far below the max (exp underflows to subnormals and 0), -inf entries (0), and the rows
+// whose max is +inf or -inf everywhere, which are NaN as in the reference.
+TEST(Softmax, LongRowsAndSpecialValuesOnTheVectorPath) {
+  for (int64_t n : {1, 15, 16, 17, 127, 128, 129, 300, 4101}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      std::vector<double> v = values(make_input({3, n}, DType::F64, Layout::Contiguous, 40 + n, -30, 30));
+      for (int64_t k = 0; k < n; k += 7) v[static_cast<size_t>(k)] = -150.0 - static_cast<double>(k % 5);
+      if (n > 2) v[2] = -INFINITY;
+      const Tensor x = Tensor::from_vector(v, {3, n}).to(dtype);
+      const std::vector<double> xv = values(x);  // the reference sees the rounded inputs
+      for (bool log : {false, true}) {
+        const Tensor y = log ? log_softmax(x, 1) : softmax(x, 1);
+        const std::string what =
+            std::string(log ? "log_softmax " : "softmax ") + std::string(dtype_name(dtype)) + " n " + std::to_string(n);
+        if (log) {  // -inf entries stay -inf; compare the rest
+          const std::vector<double> ref = ref_softmax(xv, {3, n}, 1, true), got = values(y);
+          for (size_t i = 0; i < ref.size(); ++i) {
+            if (std::isinf(ref[i])) {
+              EXPECT_EQ(got[i], ref[i]) << what << " at " << i;
+            } else {
+              EXPECT_NEAR(got[i], ref[i], 1e-4 * std::max(1.0, std::fabs(ref[i])) * (dtype == DType::BF16 ? 100 : 1))
+                  << what << " at " << i;
+            }
+          }
+        } else {
+          expect_close(y, ref_softmax(xv, {3, n}, 1, false), what, 2.0, 1e-7);
+        }
+      }
+      std::vector<double> special(static_cast<size_t>(2 * n), -INFINITY);  // row 0: all -inf
+      special[static_cast<size_t>(n + n / 2)] = INFINITY;                  // row 1: holds +inf
+      for (double value : values(softmax(Tensor::from_vector(special, {2, n}).to(dtype), 1))) {
+        EXPECT_TRUE(std::isnan(value)) << "softmax of a row of -inf or with +inf, " << dtype_name(dtype) << " n " << n;
+      }
+    }
+  }
+}
+
 TEST(Softmax, BackwardMatchesFiniteDifferences) {
   for (bool log : {false, true}) {
     for (int64_t dim : {0, 2}) {
