@@ -134,24 +134,19 @@ void activation_backward(VecUnary op, const void* gv, const void* xv, void* outv
 
 // ---- softmax ---------------------------------------------------------------------
 
-// e = exp(x - shift) for a row, returning its sum. The sum runs in float over blocks
-// of 8 vectors (each lane adds 8 values in [0, 1]: relative error <= 8 ulp) and in
-// double across blocks, as the scalar kernel's double sum; a double conversion per
-// vector cost a quarter of the loop. Prefetches the next row (see softmax_row).
+// e = exp(x - shift) for a row, returning its sum, in double per register as the
+// scalar kernel sums (a float sum over blocks was faster but made the result depend
+// on the row's length, which a softmax along a sharded dim must not: FSDP over TP
+// differed from one rank). Prefetches the next row (see softmax_row).
 template <class T, class Exp>
 DT_INLINE double exp_pass(const T* x, float* e, int64_t n, float shift, const T* next, Exp exp) {
   DSum total;
   int64_t i = 0;
-  while (i + W <= n) {
-    vf block = splat(0.0f);
-    const int64_t end = i + 8 * W <= n ? i + 8 * W : n - (n - i) % W;
-    for (; i < end; i += W) {
-      if (next) __builtin_prefetch(next + i);
-      const vf v = exp(vload(x + i) - shift);
-      vstore(e + i, v);
-      block += v;
-    }
-    total.add(block);
+  for (; i + W <= n; i += W) {
+    if (next) __builtin_prefetch(next + i);
+    const vf v = exp(vload(x + i) - shift);
+    vstore(e + i, v);
+    total.add(v);
   }
   if (i < n) {
     const vf v = exp(vload_part(x + i, n - i, -kInf) - shift);
