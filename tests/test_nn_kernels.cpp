@@ -58,7 +58,7 @@ TEST(Softmax, LargeLogitsDoNotOverflow) {
   expect_close(log_softmax(x, 1), ref_softmax({0, 1, -1}, {1, 3}, 1, true), "large log", 2.0);
 }
 
-// The vectorised row kernel: rows longer than its 8-register blocks (with tails), logits
+// The vectorised row kernel: rows of many registers and with tails, logits
 // far below the max (exp underflows to subnormals and 0), -inf entries (0), and the rows
 // whose max is +inf or -inf everywhere, which are NaN as in the reference.
 TEST(Softmax, LongRowsAndSpecialValuesOnTheVectorPath) {
