@@ -135,9 +135,9 @@ void activation_backward(VecUnary op, const void* gv, const void* xv, void* outv
 // ---- softmax ---------------------------------------------------------------------
 
 // e = exp(x - shift) for a row, returning its sum, in double per register as the
-// scalar kernel sums (a float sum over blocks was faster but made the result depend
-// on the row's length, which a softmax along a sharded dim must not: FSDP over TP
-// differed from one rank). Prefetches the next row (see softmax_row).
+// scalar kernel sums (DSum), so that the statistic does not depend on the row's
+// length; a float sum over blocks of registers was faster but would. Prefetches the
+// next row (see softmax_row).
 template <class T, class Exp>
 DT_INLINE double exp_pass(const T* x, float* e, int64_t n, float shift, const T* next, Exp exp) {
   DSum total;

@@ -81,37 +81,30 @@ DT_INLINE float hmax(vf v) {
   return m;
 }
 
-// A running sum of float vectors kept in double lanes: the row statistics (softmax
-// sums, norm moments, dot products) accumulate in double, as the scalar kernels do,
-// so a row's statistic does not depend on its length's rounding.
-// The halves of a register as shuffles, which stay in registers (an extract). A
-// memcpy of each half made GCC 12 spill the register and reload its halves, and the
-// reload of the upper half missed store forwarding: ~15 cycles per vector, which had
-// softmax at a quarter of its speed.
-DT_INLINE vfh low_half(vf v) {
+// Half `H` (0 low, 1 high) of a register, as a shuffle, which stays in registers (an
+// extract). A memcpy of each half made GCC 12 spill the register and reload its halves,
+// and the reload of the upper half missed store forwarding: ~15 cycles per vector,
+// which had softmax at a quarter of its speed.
+template <int H>
+DT_INLINE vfh half_of(vf v) {
+  constexpr int o = H * W / 2;
 #if DTENSOR_VEC_BYTES == 64
-  return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  return __builtin_shufflevector(v, v, o, o + 1, o + 2, o + 3, o + 4, o + 5, o + 6, o + 7);
 #elif DTENSOR_VEC_BYTES == 32
-  return __builtin_shufflevector(v, v, 0, 1, 2, 3);
+  return __builtin_shufflevector(v, v, o, o + 1, o + 2, o + 3);
 #else
-  return __builtin_shufflevector(v, v, 0, 1);
-#endif
-}
-DT_INLINE vfh high_half(vf v) {
-#if DTENSOR_VEC_BYTES == 64
-  return __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-#elif DTENSOR_VEC_BYTES == 32
-  return __builtin_shufflevector(v, v, 4, 5, 6, 7);
-#else
-  return __builtin_shufflevector(v, v, 2, 3);
+  return __builtin_shufflevector(v, v, o, o + 1);
 #endif
 }
 
+// A running sum of float vectors kept in double lanes: the row statistics (softmax
+// sums, norm moments, dot products) accumulate in double, as the scalar kernels do,
+// so a row's statistic does not depend on its length's rounding.
 struct DSum {
   vd lo = vd{}, hi = vd{};
   DT_INLINE void add(vf v) {
-    lo += __builtin_convertvector(low_half(v), vd);
-    hi += __builtin_convertvector(high_half(v), vd);
+    lo += __builtin_convertvector(half_of<0>(v), vd);
+    hi += __builtin_convertvector(half_of<1>(v), vd);
   }
   DT_INLINE double total() const {
     const vd both = lo + hi;
