@@ -17,6 +17,7 @@
 #include "backend/cpu/loops.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_kernels.h"
+#include "backend/row_ops.h"
 #include "util/check.h"
 
 namespace dtensor::backend::cpu {
@@ -50,8 +51,7 @@ template <class C, class Value>
 C max_of(int64_t n, Value value) {
   C m = -std::numeric_limits<C>::infinity();
   for (int64_t i = 0; i < n; ++i) {
-    const C v = value(i);
-    m = (v > m || v != v) ? v : m;
+    m = scalar::reduce_max(m, static_cast<C>(value(i)));
   }
   return m;
 }
@@ -132,16 +132,18 @@ void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) {
                        T* yl = y + at[0];
                        const int64_t sx = step[1], sy = step[0];
                        const C m = max_of<C>(length, [&](int64_t i) { return load(xl[i * sx]); });
-                       for (int64_t i = 0; i < length; ++i) shifted[i] = load(xl[i * sx]) - m;
+                       for (int64_t i = 0; i < length; ++i) shifted[i] = row::shifted_exp(load(xl[i * sx]), m);
+                       const double total = sum_of(length, [&](int64_t i) { return shifted[i]; });
                        if (log) {
-                         const double total =
-                             sum_of(length, [&](int64_t i) { return std::exp(shifted[i]); });
-                         const C log_total = static_cast<C>(std::log(total));
-                         for (int64_t i = 0; i < length; ++i) yl[i * sy] = convert<T>(shifted[i] - log_total);
+                         const C log_total = row::log_softmax_shift<C>(total);
+                         for (int64_t i = 0; i < length; ++i) {
+                           yl[i * sy] = convert<T>(row::log_softmax_value(load(xl[i * sx]), m, log_total));
+                         }
                        } else {
-                         for (int64_t i = 0; i < length; ++i) shifted[i] = std::exp(shifted[i]);
-                         const C scale = static_cast<C>(1.0 / sum_of(length, [&](int64_t i) { return shifted[i]; }));
-                         for (int64_t i = 0; i < length; ++i) yl[i * sy] = convert<T>(shifted[i] * scale);
+                         const C scale = row::softmax_scale<C>(total);
+                         for (int64_t i = 0; i < length; ++i) {
+                           yl[i * sy] = convert<T>(row::softmax_value(shifted[i], scale));
+                         }
                        }
                      });
   });
@@ -178,14 +180,14 @@ void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bo
             // y = log p: dx = g - p * sum(g).
             const C total = static_cast<C>(sum_of(length, [&](int64_t i) { return load(gl[i * sg]); }));
             for (int64_t i = 0; i < length; ++i) {
-              gil[i * si] = convert<T>(load(gl[i * sg]) - std::exp(load(yl[i * sy])) * total);
+              gil[i * si] = convert<T>(row::log_softmax_grad(load(gl[i * sg]), load(yl[i * sy]), total));
             }
           } else {
             // y = p: dx = p * (g - <g, p>).
             const C dot = static_cast<C>(
                 sum_of(length, [&](int64_t i) { return load(gl[i * sg]) * load(yl[i * sy]); }));
             for (int64_t i = 0; i < length; ++i) {
-              gil[i * si] = convert<T>(load(yl[i * sy]) * (load(gl[i * sg]) - dot));
+              gil[i * si] = convert<T>(row::softmax_grad(load(gl[i * sg]), load(yl[i * sy]), dot));
             }
           }
         });

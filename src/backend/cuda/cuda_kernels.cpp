@@ -1,6 +1,6 @@
 // The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
 // runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
-// through cuBLASLt; every other entry throws a
+// through cuBLASLt, softmax/log_softmax (+ backward) through softmax.cu; every other entry throws a
 // std::runtime_error that names the op and says it has no CUDA kernel yet (move the
 // tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
@@ -11,6 +11,7 @@
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/reduce.h"
+#include "backend/cuda/softmax.h"
 #include "backend/kernels.h"
 #include "backend/offset_calc.h"
 #include "util/check.h"
@@ -104,9 +105,18 @@ class CudaKernels final : public Kernels {
     assert(planned);
     gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
   }
-  void softmax(const Tensor& a, int64_t, bool, Tensor&) override { not_yet("softmax", a); }
-  void softmax_backward(const Tensor& g, const Tensor&, int64_t, bool, Tensor&) override {
-    not_yet("softmax_backward", g);
+  void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
+    LinePlan<2> p;
+    DT_CHECK_SUPPORTED(make_line_plan<2>(a.shape(), {out.strides().data(), a.strides().data()}, dim, p), "cuda softmax",
+                       "at most ", kMaxOffsetDims, " strided dims after merging, got shape ", a.shape());
+    launch_softmax(a.dtype(), p, log, out.data_ptr(), a.data_ptr(), stream_of(a));
+  }
+  void softmax_backward(const Tensor& g, const Tensor& out, int64_t dim, bool log, Tensor& grad_in) override {
+    LinePlan<3> p;
+    DT_CHECK_SUPPORTED(
+        make_line_plan<3>(out.shape(), {grad_in.strides().data(), g.strides().data(), out.strides().data()}, dim, p),
+        "cuda softmax_backward", "at most ", kMaxOffsetDims, " strided dims after merging, got shape ", out.shape());
+    launch_softmax_backward(out.dtype(), p, log, grad_in.data_ptr(), g.data_ptr(), out.data_ptr(), stream_of(out));
   }
   void layer_norm(const Tensor& x, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) override {
     not_yet("layer_norm", x);

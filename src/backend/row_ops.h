@@ -1,0 +1,58 @@
+// The per-row scalar math of softmax, shared by the CPU's scalar loops
+// (cpu/nn.cpp) and the CUDA row kernels (cuda/softmax.cu), so that the CPU suites test the formulas the GPU runs.
+//
+// A row kernel reduces its row to a few statistics (maximum, sums accumulated in
+// double) and then maps each element through one of these functions. C is the
+// compute type: float for F32/BF16/F16 storage, double for F64; the statistics are
+// rounded to C once, exactly where the CPU rounds them.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/scalar_ops.h"  // DT_HOST_DEVICE, scalar::reduce_max
+
+namespace dtensor::backend::row {
+
+// ---- softmax / log_softmax ----------------------------------------------------------
+// With m the row maximum (NaN wins: scalar::reduce_max) and total = sum exp(x - m)
+// in double: softmax = exp(x - m) / total, log_softmax = (x - m) - log(total). A row
+// of -inf (m = -inf) or holding +inf gives NaN everywhere (-inf - -inf, inf - inf),
+// a NaN anywhere in the row gives NaN everywhere, as on the CPU.
+
+template <class C>
+DT_HOST_DEVICE C shifted_exp(C x, C m) {
+  using std::exp;
+  return exp(C(x - m));
+}
+template <class C>
+DT_HOST_DEVICE C softmax_scale(double total) {
+  return static_cast<C>(1.0 / total);
+}
+template <class C>
+DT_HOST_DEVICE C log_softmax_shift(double total) {
+  using std::log;
+  return static_cast<C>(log(total));
+}
+template <class C>
+DT_HOST_DEVICE C softmax_value(C exp_shifted, C scale) {
+  return exp_shifted * scale;
+}
+template <class C>
+DT_HOST_DEVICE C log_softmax_value(C x, C m, C log_total) {
+  return C(x - m) - log_total;
+}
+
+// Backward of y = softmax(x): dx = y * (g - dot), dot = sum g * y (products in C,
+// summed in double). Of y = log_softmax(x): dx = g - exp(y) * total, total = sum g.
+template <class C>
+DT_HOST_DEVICE C softmax_grad(C g, C y, C dot) {
+  return y * (g - dot);
+}
+template <class C>
+DT_HOST_DEVICE C log_softmax_grad(C g, C y, C total) {
+  using std::exp;
+  return g - exp(y) * total;
+}
+
+}  // namespace dtensor::backend::row

@@ -1,0 +1,149 @@
+// Cross-device conformance of the NN row kernels (label cuda): softmax and
+// log_softmax along every dim, forward and backward, every dtype the CPU op takes,
+// contiguous and strided operands, rows of odd lengths and of special values, on
+// CUDA against the CPU's result. Skips with a message where no GPU is visible; the
+// shared row math (row_ops.h) and line plan are covered on the CPU by
+// test_nn_kernels and test_row_ops.
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "kernel_test_util.h"
+#include "test_helpers.h"
+
+using namespace dtensor;
+using dtensor::test::Layout;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+// The same logical input on both devices: one buffer, copied, with one view taken
+// on each side (so the GPU kernel sees the strides, not a contiguous copy).
+struct Pair {
+  Tensor cpu, gpu;
+};
+
+Pair input_pair(const Shape& shape, DType dtype, Layout layout, uint64_t seed, double lo = -4, double hi = 4) {
+  const size_t n = shape.size();
+  Shape buffer = shape;
+  if (layout == Layout::Transposed) std::swap(buffer[n - 1], buffer[n - 2]);
+  if (layout == Layout::Sliced) buffer[n - 1] = 2 * shape[n - 1] + 1;
+  if (layout == Layout::Broadcast) buffer[0] = 1;
+  const Tensor host = test::uniform_f64(buffer, seed, lo, hi).to(dtype);
+  auto view = [&](const Tensor& t) {
+    switch (layout) {
+      case Layout::Contiguous: return t;
+      case Layout::Transposed: return t.transpose(-1, -2);
+      case Layout::Sliced: return t.slice(-1, 1, buffer[n - 1], 2);
+      case Layout::Broadcast: return t.expand(shape);
+    }
+    return t;
+  };
+  return {view(host), view(host.to(kGpu))};
+}
+
+double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 2e-3 : t == DType::F32 ? 2e-6 : 1e-13; }
+
+// Element by element: NaN where the CPU has NaN, equal infinities, else within
+// tol * (1 + |cpu|) (the 16-bit types: within a rounding step of the CPU's value).
+void expect_matches_cpu(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what) {
+  ASSERT_EQ(gpu.device(), kGpu) << what;
+  ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  const std::vector<double> g = test::values(gpu.to(Device::cpu())), c = test::values(cpu);
+  size_t bad = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const bool ok = std::isnan(c[i])   ? std::isnan(g[i])
+                    : std::isinf(c[i]) ? g[i] == c[i]
+                                       : std::abs(g[i] - c[i]) <= tol * (1 + std::abs(c[i]));
+    if (!ok && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on CUDA, " << c[i] << " on the CPU";
+  }
+  EXPECT_EQ(bad, 0u) << what;
+}
+
+std::string name(const char* op, DType t, const char* layout, int64_t dim, const Shape& shape) {
+  std::ostringstream s;
+  s << op << " " << dtype_name(t) << " " << layout << " dim " << dim << " shape " << shape_to_string(shape);
+  return s.str();
+}
+
+}  // namespace
+
+TEST(CudaSoftmax, ForwardAndBackwardMatchTheCpuAlongEveryDim) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  // Odd lengths, a line of one element, lines longer than a block (513 threads' worth
+  // and more), and many short lines.
+  const std::vector<Shape> shapes = {{4, 5, 7}, {3, 1}, {2, 33}, {3, 1500}, {513, 3}, {2, 3, 4, 5}};
+  for (const Shape& shape : shapes) {
+    for (DType t : test::kFloatDTypes) {
+      for (Layout layout : test::kLayouts) {
+        const Pair x = input_pair(shape, t, layout, seed++);
+        const Pair g = input_pair(shape, t, Layout::Contiguous, seed++, -1, 1);
+        for (int64_t dim = 0; dim < static_cast<int64_t>(shape.size()); ++dim) {
+          for (bool log : {false, true}) {
+            const char* op = log ? "log_softmax" : "softmax";
+            const std::string what = name(op, t, test::layout_name(layout), dim, shape);
+            const Tensor y_cpu = log ? log_softmax(x.cpu, dim) : softmax(x.cpu, dim);
+            const Tensor y_gpu = log ? log_softmax(x.gpu, dim) : softmax(x.gpu, dim);
+            expect_matches_cpu(y_gpu, y_cpu, tolerance(t), what);
+            // Backward from the same saved output on both sides, with a strided
+            // grad_out (transposed) where the shape allows.
+            const Tensor y_saved = y_cpu.to(kGpu);
+            const Tensor back_cpu = log ? log_softmax_backward(g.cpu, y_cpu, dim) : softmax_backward(g.cpu, y_cpu, dim);
+            const Tensor back_gpu =
+                log ? log_softmax_backward(g.gpu, y_saved, dim) : softmax_backward(g.gpu, y_saved, dim);
+            expect_matches_cpu(back_gpu, back_cpu, tolerance(t) * 4, what + " backward");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaSoftmax, BackwardTakesStridedOperands) {
+  REQUIRE_GPU();
+  for (DType t : test::kFloatDTypes) {
+    const Pair y = input_pair({6, 9}, t, Layout::Transposed, 7, 0, 1);
+    const Pair g = input_pair({6, 9}, t, Layout::Sliced, 8, -1, 1);
+    for (int64_t dim : {0, 1}) {
+      expect_matches_cpu(softmax_backward(g.gpu, y.gpu, dim), softmax_backward(g.cpu, y.cpu, dim), tolerance(t) * 4,
+                         name("softmax_backward", t, "strided", dim, {6, 9}));
+      expect_matches_cpu(log_softmax_backward(g.gpu, y.gpu, dim), log_softmax_backward(g.cpu, y.cpu, dim),
+                         tolerance(t) * 4, name("log_softmax_backward", t, "strided", dim, {6, 9}));
+    }
+  }
+}
+
+TEST(CudaSoftmax, SpecialRowsAndLargeLogitsAsTheCpu) {
+  REQUIRE_GPU();
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  // Rows: ordinary, large (no overflow), all -inf, one +inf, one NaN, one -inf among
+  // finite values, underflowing differences.
+  const Tensor rows = Tensor::from_vector<double>({0.5,  -1,   2,    0,     //
+                                                   1000, 1001, 999,  998,   //
+                                                   -inf, -inf, -inf, -inf,  //
+                                                   1,    inf,  2,    3,     //
+                                                   1,    nan,  2,    3,     //
+                                                   -inf, 1,    2,    3,     //
+                                                   0,    -200, -800, 1},
+                                                  {7, 4});
+  for (DType t : test::kFloatDTypes) {
+    const Tensor x = rows.to(t);
+    for (bool log : {false, true}) {
+      const Tensor cpu = log ? log_softmax(x, 1) : softmax(x, 1);
+      const Tensor gpu = log ? log_softmax(x.to(kGpu), 1) : softmax(x.to(kGpu), 1);
+      expect_matches_cpu(gpu, cpu, tolerance(t), name(log ? "log_softmax" : "softmax", t, "special", 1, {7, 4}));
+    }
+  }
+}
+
+TEST(CudaSoftmax, EmptyAndScalarInputs) {
+  REQUIRE_GPU();
+  const Tensor empty = Tensor::empty({0, 5}, DType::F32, kGpu);
+  EXPECT_EQ(softmax(empty, 1).shape(), (Shape{0, 5}));
+  const Tensor scalar = Tensor::from_vector<float>({3.0f}, Shape{}).to(kGpu);
+  expect_matches_cpu(softmax(scalar, 0), softmax(scalar.to(Device::cpu()), 0), 0, "scalar softmax");
+}
