@@ -1,8 +1,8 @@
 // Cross-device conformance of the NN row kernels (label cuda): softmax and
-// log_softmax along every dim, forward and backward, every dtype the CPU op takes,
-// contiguous and strided operands, rows of odd lengths and of special values, on
-// CUDA against the CPU's result. Skips with a message where no GPU is visible; the
-// shared row math (row_ops.h) and line plan are covered on the CPU by
+// log_softmax along every dim and the norms, forward and backward, every dtype the
+// CPU op takes, contiguous and strided operands, rows of odd lengths and of special
+// values, on CUDA against the CPU's result. Skips with a message where no GPU is
+// visible; the shared row math (row_ops.h) and line plan are covered on the CPU by
 // test_nn_kernels and test_row_ops.
 #include <cmath>
 #include <limits>
@@ -146,4 +146,74 @@ TEST(CudaSoftmax, EmptyAndScalarInputs) {
   EXPECT_EQ(softmax(empty, 1).shape(), (Shape{0, 5}));
   const Tensor scalar = Tensor::from_vector<float>({3.0f}, Shape{}).to(kGpu);
   expect_matches_cpu(softmax(scalar, 0), softmax(scalar.to(Device::cpu()), 0), 0, "scalar softmax");
+}
+
+namespace {
+
+Tensor on(const Tensor& t, Device d) { return t.defined() ? t.to(d) : t; }
+
+}  // namespace
+
+TEST(CudaNorm, LayerNormAndRmsNormMatchTheCpuForwardAndBackward) {
+  REQUIRE_GPU();
+  uint64_t seed = 100;
+  // Odd widths, one column, rows longer than a block, and enough rows for several
+  // chunks of the weight/bias gradients' partials (128 rows each).
+  const std::vector<Shape> shapes = {{4, 7}, {3, 1}, {5, 33}, {2, 1500}, {300, 65}, {1000, 3}, {2, 3, 8}};
+  for (const Shape& shape : shapes) {
+    const Shape normalized = {shape.back()};
+    for (DType t : test::kFloatDTypes) {
+      for (bool rms : {false, true}) {
+        for (int params = 0; params < 3; ++params) {  // none, weight, weight and bias
+          const Tensor x = test::uniform_f64(shape, seed++, -3, 5).to(t);
+          const Tensor g = test::uniform_f64(shape, seed++, -1, 1).to(t);
+          std::optional<Tensor> w, b;
+          if (params >= 1) w = test::uniform_f64(normalized, seed++, 0.5, 1.5).to(t);
+          if (params >= 2 && !rms) b = test::uniform_f64(normalized, seed++, -1, 1).to(t);
+          std::optional<Tensor> w_gpu, b_gpu;
+          if (w) w_gpu = w->to(kGpu);
+          if (b) b_gpu = b->to(kGpu);
+          std::ostringstream what;
+          what << (rms ? "rms_norm " : "layer_norm ") << dtype_name(t) << " shape " << shape_to_string(shape)
+               << " params " << params;
+          const NormResult cpu = rms ? rms_norm(x, normalized, w, 1e-5) : layer_norm(x, normalized, w, b, 1e-5);
+          const NormResult gpu = rms ? rms_norm(x.to(kGpu), normalized, w_gpu, 1e-5)
+                                     : layer_norm(x.to(kGpu), normalized, w_gpu, b_gpu, 1e-5);
+          expect_matches_cpu(gpu.out, cpu.out, tolerance(t), what.str() + " out");
+          expect_matches_cpu(gpu.rstd, cpu.rstd, tolerance(t == DType::F64 ? t : DType::F32), what.str() + " rstd");
+          if (!rms) expect_matches_cpu(gpu.mean, cpu.mean, 1e-6, what.str() + " mean");
+          // Backward from the CPU's saved statistics on both sides.
+          const NormResult saved{Tensor(), on(cpu.mean, kGpu), cpu.rstd.to(kGpu)};
+          const NormGrads back_cpu = rms ? rms_norm_backward(g, x, cpu, normalized, w)
+                                         : layer_norm_backward(g, x, cpu, normalized, w, b.has_value());
+          const NormGrads back_gpu =
+              rms ? rms_norm_backward(g.to(kGpu), x.to(kGpu), saved, normalized, w_gpu)
+                  : layer_norm_backward(g.to(kGpu), x.to(kGpu), saved, normalized, w_gpu, b.has_value());
+          expect_matches_cpu(back_gpu.grad_input, back_cpu.grad_input, tolerance(t) * 8, what.str() + " grad_input");
+          // Column sums over up to 1000 rows: relative to the sum's size.
+          const double sum_tol = t == DType::F64 ? 1e-11 : tolerance(t) * (t == DType::F32 ? 50 : 4);
+          if (w) expect_matches_cpu(back_gpu.grad_weight, back_cpu.grad_weight, sum_tol, what.str() + " grad_weight");
+          if (b) expect_matches_cpu(back_gpu.grad_bias, back_cpu.grad_bias, sum_tol, what.str() + " grad_bias");
+          EXPECT_EQ(back_gpu.grad_weight.defined(), w.has_value()) << what.str();
+          EXPECT_EQ(back_gpu.grad_bias.defined(), b.has_value()) << what.str();
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaNorm, ParameterGradientsAreDeterministic) {
+  REQUIRE_GPU();
+  const Tensor x = test::uniform_f64({777, 96}, 5, -2, 2).to(DType::F32).to(kGpu);
+  const Tensor g = test::uniform_f64({777, 96}, 6, -1, 1).to(DType::F32).to(kGpu);
+  const Tensor w = Tensor::ones({96}, DType::F32, kGpu), b = Tensor::zeros({96}, DType::F32, kGpu);
+  const NormResult saved = layer_norm(x, {96}, w, b, 1e-5);
+  const NormGrads first = layer_norm_backward(g, x, saved, {96}, w, true);
+  for (int run = 0; run < 3; ++run) {
+    const NormGrads again = layer_norm_backward(g, x, saved, {96}, w, true);
+    EXPECT_EQ(again.grad_weight.to(Device::cpu()).to_vector<float>(),
+              first.grad_weight.to(Device::cpu()).to_vector<float>());
+    EXPECT_EQ(again.grad_bias.to(Device::cpu()).to_vector<float>(),
+              first.grad_bias.to(Device::cpu()).to_vector<float>());
+  }
 }

@@ -1,6 +1,6 @@
 // The CUDA row kernels' host-side arithmetic and shared math on the CPU: the line
-// plan of softmax (line_plan.h) against the multi-index for strided views and row_ops.h's
-// special values. The
+// plan of softmax (line_plan.h) against the multi-index for strided views, the row
+// chunks of the norms' parameter gradients, and row_ops.h's special values. The
 // formulas themselves also run in the CPU's scalar loops (cpu/nn.cpp), which
 // test_nn_kernels checks against double-precision references for F64 and F16.
 #include <gtest/gtest.h>
@@ -116,6 +116,24 @@ TEST(LinePlan, RowBlockThreadsArePowersOfTwoFromAWarpTo512) {
   EXPECT_EQ(backend::row_block_threads(33), 64u);
   EXPECT_EQ(backend::row_block_threads(257), 512u);
   EXPECT_EQ(backend::row_block_threads(1 << 20), 512u);
+}
+
+TEST(RowChunks, CoverEveryRowOnceWithNonEmptyChunks) {
+  const backend::RowChunks example = backend::make_row_chunks(1000, 256, 1024);
+  EXPECT_EQ(example.chunks, 4);
+  EXPECT_EQ(example.rows_per_chunk, 250);
+  EXPECT_EQ(backend::make_row_chunks(0, 256, 1024).chunks, 0);
+  for (int64_t rows : {1, 2, 7, 255, 256, 257, 1000, 4097, 100000, 1000003}) {
+    for (int64_t target : {1, 16, 256}) {
+      for (int64_t cap : {1, 3, 64, 1024}) {
+        const backend::RowChunks c = backend::make_row_chunks(rows, target, cap);
+        ASSERT_GE(c.chunks, 1);
+        ASSERT_LE(c.chunks, cap);
+        EXPECT_GE(c.chunks * c.rows_per_chunk, rows) << rows << " " << target << " " << cap;
+        EXPECT_LT((c.chunks - 1) * c.rows_per_chunk, rows) << rows << " " << target << " " << cap;  // last non-empty
+      }
+    }
+  }
 }
 
 TEST(RowOps, SoftmaxOfSpecialRowsAsTheCpu) {

@@ -46,6 +46,25 @@ bool make_line_plan(const Shape& shape, const std::array<const int64_t*, N>& ope
   return make_offset_calc<N>(outer_shape, pointers, plan.outer);
 }
 
+// The split of a sum over `rows` into per-chunk partials (the norms' weight and bias
+// gradients): chunk c covers rows [c * rows_per_chunk, min(rows, (c + 1) *
+// rows_per_chunk)); every chunk is non-empty and together they cover each row once.
+// The partials are then added in chunk order, so the result does not depend on
+// scheduling. Example: rows 1000, target 256 rows per chunk -> 4 chunks of 250.
+struct RowChunks {
+  int64_t chunks = 0, rows_per_chunk = 0;
+};
+
+inline RowChunks make_row_chunks(int64_t rows, int64_t target_rows_per_chunk, int64_t max_chunks) {
+  RowChunks c;
+  if (rows <= 0) return c;
+  int64_t chunks = (rows + target_rows_per_chunk - 1) / target_rows_per_chunk;
+  if (chunks > max_chunks) chunks = max_chunks;
+  c.rows_per_chunk = (rows + chunks - 1) / chunks;
+  c.chunks = (rows + c.rows_per_chunk - 1) / c.rows_per_chunk;
+  return c;
+}
+
 }  // namespace dtensor::backend
 
 namespace dtensor::backend {

@@ -1,5 +1,6 @@
-// The per-row scalar math of softmax, shared by the CPU's scalar loops
-// (cpu/nn.cpp) and the CUDA row kernels (cuda/softmax.cu), so that the CPU suites test the formulas the GPU runs.
+// The per-row scalar math of softmax and the norms, shared by the CPU's scalar
+// loops (cpu/nn.cpp) and the CUDA row kernels (cuda/softmax.cu, norm.cu), so that
+// the CPU suites test the formulas the GPU runs.
 //
 // A row kernel reduces its row to a few statistics (maximum, sums accumulated in
 // double) and then maps each element through one of these functions. C is the
@@ -53,6 +54,41 @@ template <class C>
 DT_HOST_DEVICE C log_softmax_grad(C g, C y, C total) {
   using std::exp;
   return g - exp(y) * total;
+}
+
+// ---- layer_norm / rms_norm ----------------------------------------------------------
+// Over a row of `cols`: mean = sum x / cols (0 for rms_norm), spread = sum (x - mean)^2
+// in double; rstd = 1 / sqrt(spread / cols + eps) rounded to C once.
+
+DT_HOST_DEVICE inline double norm_mean(double sum, int64_t cols) { return sum / static_cast<double>(cols); }
+DT_HOST_DEVICE inline double norm_deviation_sq(double x, double mean) {
+  const double d = x - mean;
+  return d * d;
+}
+template <class C>
+DT_HOST_DEVICE C norm_rstd(double spread, int64_t cols, double eps) {
+  using std::sqrt;
+  return static_cast<C>(1.0 / sqrt(spread / static_cast<double>(cols) + eps));
+}
+// y = (x - mean) * rstd, times the weight and plus the bias where present.
+template <class C>
+DT_HOST_DEVICE C norm_value(C x, C mean, C rstd, const C* weight, const C* bias) {
+  C v = (x - mean) * rstd;
+  if (weight) v *= *weight;
+  if (bias) v += *bias;
+  return v;
+}
+// Backward: xhat = (x - mean) * rstd, ghat = g * weight (g without a weight);
+// dx = rstd * (ghat - mean(ghat) - xhat * mean(ghat * xhat)), the mean(ghat) term
+// coming from centring (0 for rms_norm). Weight gradient: sum over rows of g * xhat;
+// bias gradient: sum of g (each term rounded to C, summed in double).
+template <class C>
+DT_HOST_DEVICE C norm_xhat(C x, C mean, C rstd) {
+  return (x - mean) * rstd;
+}
+template <class C>
+DT_HOST_DEVICE C norm_grad(C rstd, C ghat, C mean_ghat, C xhat, C mean_ghat_xhat) {
+  return rstd * (ghat - mean_ghat - xhat * mean_ghat_xhat);
 }
 
 }  // namespace dtensor::backend::row

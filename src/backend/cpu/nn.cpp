@@ -229,18 +229,14 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = xp + r * cols;
       T* yr = yp + r * cols;
-      const double mu = centered ? sum_of(cols, [&](int64_t i) { return load(xr[i]); }) / cols : 0.0;
-      const double spread = sum_of(cols, [&](int64_t i) {
-        const double d = static_cast<double>(load(xr[i])) - mu;
-        return d * d;
-      });
-      const C inv = static_cast<C>(1.0 / std::sqrt(spread / cols + eps));
+      const double mu = centered ? row::norm_mean(sum_of(cols, [&](int64_t i) { return load(xr[i]); }), cols) : 0.0;
+      const double spread =
+          sum_of(cols, [&](int64_t i) { return row::norm_deviation_sq(static_cast<double>(load(xr[i])), mu); });
+      const C inv = row::norm_rstd<C>(spread, cols, eps);
       const C m = static_cast<C>(mu);
       for (int64_t i = 0; i < cols; ++i) {
-        C v = (load(xr[i]) - m) * inv;
-        if (w) v *= load(w[i]);
-        if (b) v += load(b[i]);
-        yr[i] = convert<T>(v);
+        const C wi = w ? load(w[i]) : C(0), bi = b ? load(b[i]) : C(0);
+        yr[i] = convert<T>(row::norm_value(load(xr[i]), m, inv, w ? &wi : nullptr, b ? &bi : nullptr));
       }
       if (mean_p) mean_p[r] = m;
       rstd_p[r] = inv;
@@ -306,7 +302,7 @@ void norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* mean, 
       const T* gr = gp + r * cols;
       const C m = mean_p ? mean_p[r] : C(0), inv = rstd_p[r];
       for (int64_t i = 0; i < cols; ++i) {
-        xhat[i] = (load(xr[i]) - m) * inv;
+        xhat[i] = row::norm_xhat(load(xr[i]), m, inv);
         ghat[i] = w ? load(gr[i]) * load(w[i]) : load(gr[i]);
       }
       // dx = inv * (ghat - mean(ghat) - xhat * mean(ghat * xhat)); the mean(ghat)
@@ -316,7 +312,7 @@ void norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* mean, 
       const C mean_gx =
           static_cast<C>(sum_of(cols, [&](int64_t i) { return ghat[i] * xhat[i]; }) / cols);
       T* gir = gip + r * cols;
-      for (int64_t i = 0; i < cols; ++i) gir[i] = convert<T>(inv * (ghat[i] - mean_g - xhat[i] * mean_gx));
+      for (int64_t i = 0; i < cols; ++i) gir[i] = convert<T>(row::norm_grad(inv, ghat[i], mean_g, xhat[i], mean_gx));
       if (want_weight) {
         for (int64_t i = 0; i < cols; ++i) gw[i] += static_cast<double>(load(gr[i]) * xhat[i]);
       }

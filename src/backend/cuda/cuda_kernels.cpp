@@ -1,6 +1,7 @@
 // The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
 // runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
-// through cuBLASLt, softmax/log_softmax (+ backward) through softmax.cu; every other entry throws a
+// through cuBLASLt, softmax/log_softmax (+ backward) through softmax.cu, the norms
+// through norm.cu; every other entry throws a
 // std::runtime_error that names the op and says it has no CUDA kernel yet (move the
 // tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
@@ -10,6 +11,7 @@
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/norm.h"
 #include "backend/cuda/reduce.h"
 #include "backend/cuda/softmax.h"
 #include "backend/kernels.h"
@@ -41,6 +43,22 @@ OffsetCalc<N> plan(const Shape& shape, std::array<const Tensor*, N> operands) {
 }
 
 void* stream_of(const Tensor& t) { return current_stream(t.device().index); }
+
+const void* optional_ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+void* optional_ptr(Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// The norms' backward: the F64 partials of the weight/bias gradients live in a
+// scratch tensor from the stream-ordered pool (freed here, reused only by work queued
+// after the kernels on the same stream).
+void norm_backward(const NormShape& shape, const Tensor& g, const Tensor& x, const void* mean, const Tensor& rstd,
+                   const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias) {
+  const int64_t wanted = (grad_weight.defined() ? 1 : 0) + (grad_bias.defined() ? 1 : 0);
+  const Tensor partials =
+      Tensor::empty({wanted * norm_gradient_chunks(shape.rows).chunks * shape.cols}, DType::F64, x.device());
+  launch_norm_backward(x.dtype(), shape, g.data_ptr(), x.data_ptr(), mean, rstd.data_ptr(), optional_ptr(weight),
+                       grad_in.data_ptr(), optional_ptr(grad_weight), optional_ptr(grad_bias),
+                       static_cast<double*>(partials.data_ptr()), stream_of(x));
+}
 
 class CudaKernels final : public Kernels {
  public:
@@ -118,16 +136,23 @@ class CudaKernels final : public Kernels {
         "cuda softmax_backward", "at most ", kMaxOffsetDims, " strided dims after merging, got shape ", out.shape());
     launch_softmax_backward(out.dtype(), p, log, grad_in.data_ptr(), g.data_ptr(), out.data_ptr(), stream_of(out));
   }
-  void layer_norm(const Tensor& x, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) override {
-    not_yet("layer_norm", x);
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& out, Tensor& mean,
+                  Tensor& rstd) override {
+    launch_norm(x.dtype(), {x.size(0), x.size(1), true}, eps, x.data_ptr(), optional_ptr(weight), optional_ptr(bias),
+                out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), stream_of(x));
   }
-  void layer_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
-                           Tensor&, Tensor&) override {
-    not_yet("layer_norm_backward", g);
+  void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias) override {
+    norm_backward({x.size(0), x.size(1), true}, g, x, mean.data_ptr(), rstd, weight, grad_in, grad_weight, grad_bias);
   }
-  void rms_norm(const Tensor& x, const Tensor&, double, Tensor&, Tensor&) override { not_yet("rms_norm", x); }
-  void rms_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) override {
-    not_yet("rms_norm_backward", g);
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out, Tensor& rstd) override {
+    launch_norm(x.dtype(), {x.size(0), x.size(1), false}, eps, x.data_ptr(), optional_ptr(weight), nullptr,
+                out.data_ptr(), nullptr, rstd.data_ptr(), stream_of(x));
+  }
+  void rms_norm_backward(const Tensor& g, const Tensor& x, const Tensor& rstd, const Tensor& weight, Tensor& grad_in,
+                         Tensor& grad_weight) override {
+    Tensor no_bias;
+    norm_backward({x.size(0), x.size(1), false}, g, x, nullptr, rstd, weight, grad_in, grad_weight, no_bias);
   }
   void gelu_backward(const Tensor& g, const Tensor&, GeluApprox, Tensor&) override { not_yet("gelu_backward", g); }
   void silu_backward(const Tensor& g, const Tensor&, Tensor&) override { not_yet("silu_backward", g); }

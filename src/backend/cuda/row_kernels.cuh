@@ -1,6 +1,5 @@
-// Device helpers of the CUDA row kernels (softmax.cu; internal):
-//: the float dtypes as storage/compute type pairs, the dtype dispatch, a
-// block-wide reduction.
+// Device helpers of the CUDA row kernels (softmax.cu, norm.cu; internal): the float
+// dtypes as storage/compute type pairs, the dtype dispatch, a block-wide reduction.
 #pragma once
 
 #include <cuda_fp16.h>
