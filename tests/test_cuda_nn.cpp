@@ -1,9 +1,9 @@
 // Cross-device conformance of the NN row kernels (label cuda): softmax and
-// log_softmax along every dim and the norms, forward and backward, every dtype the
-// CPU op takes, contiguous and strided operands, rows of odd lengths and of special
-// values, on CUDA against the CPU's result. Skips with a message where no GPU is
-// visible; the shared row math (row_ops.h) and line plan are covered on the CPU by
-// test_nn_kernels and test_row_ops.
+// log_softmax along every dim, the norms and cross entropy, forward and backward,
+// every dtype the CPU op takes, contiguous and strided operands, rows of odd
+// lengths and of special values, on CUDA against the CPU's result. Skips with a
+// message where no GPU is visible; the shared row math (row_ops.h) and line plan
+// are covered on the CPU by test_nn_kernels and test_row_ops.
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -216,4 +216,53 @@ TEST(CudaNorm, ParameterGradientsAreDeterministic) {
     EXPECT_EQ(again.grad_bias.to(Device::cpu()).to_vector<float>(),
               first.grad_bias.to(Device::cpu()).to_vector<float>());
   }
+}
+
+TEST(CudaCrossEntropy, LossesAndGradientsMatchTheCpuWithIgnoredRows) {
+  REQUIRE_GPU();
+  uint64_t seed = 300;
+  // Odd class counts, one class, rows longer than a block, many rows.
+  const std::vector<Shape> shapes = {{5, 7}, {4, 1}, {3, 1500}, {600, 11}};
+  for (const Shape& shape : shapes) {
+    const int64_t rows = shape[0], classes = shape[1];
+    for (DType t : test::kFloatDTypes) {
+      for (Layout layout : {Layout::Contiguous, Layout::Transposed, Layout::Sliced}) {
+        const Pair logits = input_pair(shape, t, layout, seed++, -6, 6);
+        std::vector<int64_t> target(static_cast<size_t>(rows));
+        for (int64_t n = 0; n < rows; ++n) target[static_cast<size_t>(n)] = n % 3 == 1 ? -100 : (n * 5 + 2) % classes;
+        for (DType index : {DType::I64, DType::I32}) {
+          const Tensor targets = Tensor::from_vector(target, {rows}).to(index);
+          for (LossReduction reduction : {LossReduction::None, LossReduction::Sum, LossReduction::Mean}) {
+            const std::string what = name("cross_entropy", t, test::layout_name(layout), 1, shape) + " " +
+                                     std::string(dtype_name(index)) + " reduction " +
+                                     std::to_string(static_cast<int>(reduction));
+            const Tensor cpu = cross_entropy(logits.cpu, targets, reduction);
+            const Tensor gpu = cross_entropy(logits.gpu, targets.to(kGpu), reduction);
+            expect_matches_cpu(gpu, cpu, tolerance(t) * 4, what);
+            const Tensor grad_loss = reduction == LossReduction::None ? test::uniform_f64({rows}, seed++, -1, 1).to(t)
+                                                                      : Tensor::full(Shape{}, 0.75, t);
+            const Tensor back_cpu = cross_entropy_backward(grad_loss, logits.cpu, targets, reduction);
+            const Tensor back_gpu = cross_entropy_backward(grad_loss.to(kGpu), logits.gpu, targets.to(kGpu), reduction);
+            expect_matches_cpu(back_gpu, back_cpu, tolerance(t) * 4, what + " backward");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, BadTargetsGiveTheCpuError) {
+  REQUIRE_GPU();
+  const Tensor logits = Tensor::zeros({3, 4}, DType::F32, kGpu);
+  test::expect_invalid(
+      [&] {
+        cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}).to(kGpu));
+      },
+      "[cross_entropy] target 4 at position 1 is outside [0, 4)");
+  test::expect_invalid(
+      [&] {
+        cross_entropy_backward(Tensor::full(Shape{}, 1.0, DType::F32, kGpu), logits,
+                               Tensor::from_vector<int32_t>({0, -100, -2}).to(kGpu));
+      },
+      "[cross_entropy_backward] target -2 at position 2 is outside [0, 4)");
 }

@@ -1,6 +1,6 @@
-// The per-row scalar math of softmax and the norms, shared by the CPU's scalar
-// loops (cpu/nn.cpp) and the CUDA row kernels (cuda/softmax.cu, norm.cu), so that
-// the CPU suites test the formulas the GPU runs.
+// The per-row scalar math of softmax, the norms and cross entropy, shared by the
+// CPU's scalar loops (cpu/nn.cpp) and the CUDA row kernels (cuda/softmax.cu,
+// norm.cu, cross_entropy.cu), so that the CPU suites test the formulas the GPU runs.
 //
 // A row kernel reduces its row to a few statistics (maximum, sums accumulated in
 // double) and then maps each element through one of these functions. C is the
@@ -89,6 +89,21 @@ DT_HOST_DEVICE C norm_xhat(C x, C mean, C rstd) {
 template <class C>
 DT_HOST_DEVICE C norm_grad(C rstd, C ghat, C mean_ghat, C xhat, C mean_ghat_xhat) {
   return rstd * (ghat - mean_ghat - xhat * mean_ghat_xhat);
+}
+
+// ---- cross entropy ------------------------------------------------------------------
+// With m the row maximum and lse = log(sum exp(x - m)) rounded to C: the loss of
+// target t is lse + m - x[t] (in double), the gradient of class c is
+// g * (p - [c == t]) with p = exp(x - m - lse).
+template <class C>
+DT_HOST_DEVICE double cross_entropy_loss(C lse, C m, C x_target) {
+  return static_cast<double>(lse) + m - x_target;
+}
+template <class C>
+DT_HOST_DEVICE C cross_entropy_grad(C g, C x, C m, C lse, bool is_target) {
+  using std::exp;
+  const C p = exp(x - m - lse);
+  return g * (is_target ? p - C(1) : p);
 }
 
 }  // namespace dtensor::backend::row

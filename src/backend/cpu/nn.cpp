@@ -17,6 +17,7 @@
 #include "backend/cpu/loops.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_kernels.h"
+#include "backend/index_check.h"
 #include "backend/row_ops.h"
 #include "util/check.h"
 
@@ -97,11 +98,6 @@ std::vector<double> read_values(const Tensor& t) {
     for (size_t i = 0; i < values.size(); ++i) values[i] = convert<double>(p[i]);
   });
   return values;
-}
-
-void check_index(int64_t id, int64_t limit, size_t position, const char* op, const char* what) {
-  DT_CHECK_ARG(id >= 0 && id < limit, op, what, " ", id, " at position ", position,
-               " is outside [0, ", limit, ")");
 }
 
 }  // namespace
@@ -487,8 +483,8 @@ void for_each_scored_row(const Tensor& logits, const std::vector<int64_t>& targe
     check_index(target, classes, n, op, "target");
     const T* line = x + static_cast<int64_t>(n) * s0;
     const C m = max_of<C>(classes, [&](int64_t c) { return load(line[c * s1]); });
-    const double total = sum_of(classes, [&](int64_t c) { return std::exp(load(line[c * s1]) - m); });
-    row_fn(n, target, line, s1, m, static_cast<C>(std::log(total)));
+    const double total = sum_of(classes, [&](int64_t c) { return row::shifted_exp(load(line[c * s1]), m); });
+    row_fn(n, target, line, s1, m, row::log_softmax_shift<C>(total));
   }
 }
 
@@ -537,7 +533,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
     for_each_scored_row<T>(logits, target, ignore_index, "cross_entropy",
                            [&](size_t n, int64_t t, const T* line, int64_t step, C m, C lse) {
                              // -log softmax(x)[t] = lse + m - x[t]
-                             loss[n] = static_cast<double>(lse) + m - load(line[t * step]);
+                             loss[n] = row::cross_entropy_loss(lse, m, load(line[t * step]));
                            });
   });
   write_values(loss, losses);
@@ -576,8 +572,7 @@ void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const
                              const C g = static_cast<C>(upstream[n]);
                              T* out = gl + static_cast<int64_t>(n) * classes;
                              for (int64_t c = 0; c < classes; ++c) {
-                               const C p = std::exp(load(line[c * step]) - m - lse);
-                               out[c] = convert<T>(g * (c == t ? p - C(1) : p));
+                               out[c] = convert<T>(row::cross_entropy_grad(g, load(line[c * step]), m, lse, c == t));
                              }
                            });
   });

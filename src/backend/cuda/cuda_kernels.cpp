@@ -1,19 +1,22 @@
 // The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
 // runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
 // through cuBLASLt, softmax/log_softmax (+ backward) through softmax.cu, the norms
-// through norm.cu; every other entry throws a
+// through norm.cu, cross entropy through
+// cross_entropy.cu; every other entry throws a
 // std::runtime_error that names the op and says it has no CUDA kernel yet (move the
 // tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
 #include <cassert>
 #include <cstring>
 
+#include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/reduce.h"
 #include "backend/cuda/softmax.h"
+#include "backend/index_check.h"
 #include "backend/kernels.h"
 #include "backend/offset_calc.h"
 #include "util/check.h"
@@ -43,6 +46,22 @@ OffsetCalc<N> plan(const Shape& shape, std::array<const Tensor*, N> operands) {
 }
 
 void* stream_of(const Tensor& t) { return current_stream(t.device().index); }
+
+// The CPU's range check of an index operand (ids, targets; `skip` points at a value
+// that is exempt, the ignore_index) on its values copied to the host. The copy waits
+// for the stream: the one host synchronisation of these entries, kept so that a bad
+// id raises the CPU's std::invalid_argument from this call. A device-side flag
+// would avoid the wait but could only report the error from some later call.
+void check_indices_on_host(const Tensor& ids, int64_t limit, const int64_t* skip, const char* op, const char* what) {
+  const std::vector<int64_t> values = ids.to(Device::cpu()).to(DType::I64).contiguous().to_vector<int64_t>();
+  for (size_t n = 0; n < values.size(); ++n) {
+    if (!skip || values[n] != *skip) check_index(values[n], limit, n, op, what);
+  }
+}
+
+CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  return {logits.size(0), logits.size(1), logits.stride(0), logits.stride(1), targets.stride(0), ignore_index};
+}
 
 const void* optional_ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 void* optional_ptr(Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -158,11 +177,18 @@ class CudaKernels final : public Kernels {
   void silu_backward(const Tensor& g, const Tensor&, Tensor&) override { not_yet("silu_backward", g); }
   void embedding(const Tensor& table, const Tensor&, bool, Tensor&) override { not_yet("embedding", table); }
   void embedding_backward(const Tensor& g, const Tensor&, bool, Tensor&) override { not_yet("embedding_backward", g); }
-  void cross_entropy(const Tensor& logits, const Tensor&, int64_t, Tensor&) override {
-    not_yet("cross_entropy", logits);
+  void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) override {
+    check_indices_on_host(targets, logits.size(1), &ignore_index, "cross_entropy", "target");
+    launch_cross_entropy(logits.dtype(), targets.dtype(), cross_entropy_rows(logits, targets, ignore_index),
+                         logits.data_ptr(), targets.data_ptr(), losses.data_ptr(), stream_of(logits));
   }
-  void cross_entropy_backward(const Tensor& g, const Tensor&, const Tensor&, int64_t, Tensor&) override {
-    not_yet("cross_entropy_backward", g);
+  void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index, Tensor& grad_logits) override {
+    check_indices_on_host(targets, logits.size(1), &ignore_index, "cross_entropy_backward", "target");
+    const Tensor upstream = grad_rows.to(DType::F64).contiguous();  // the CPU reads it as doubles too
+    launch_cross_entropy_backward(logits.dtype(), targets.dtype(), cross_entropy_rows(logits, targets, ignore_index),
+                                  static_cast<const double*>(upstream.data_ptr()), logits.data_ptr(),
+                                  targets.data_ptr(), grad_logits.data_ptr(), stream_of(logits));
   }
   void attention(const Tensor& q, const Tensor&, const Tensor&, bool, double, Tensor&, Tensor&) override {
     not_yet("attention", q);

@@ -1,5 +1,6 @@
-// Device helpers of the CUDA row kernels (softmax.cu, norm.cu; internal): the float
-// dtypes as storage/compute type pairs, the dtype dispatch, a block-wide reduction.
+// Device helpers of the CUDA row kernels (softmax.cu, norm.cu, cross_entropy.cu;
+// internal): the float dtypes as storage/compute type pairs, the dtype dispatch, and a
+// block-wide reduction.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -85,6 +86,16 @@ __device__ A block_reduce(A v, Op op, A identity) {
   }
   __syncthreads();
   return scratch[0];
+}
+
+// Calls fn(I{}) for the index dtype of ids and targets (I64 or I32).
+template <class Fn>
+void visit_index(DType dtype, Fn&& fn) {
+  if (dtype == DType::I32) {
+    fn(int32_t{});
+  } else {
+    fn(int64_t{});
+  }
 }
 
 // The maximum m of a line of n elements (step `step`; NaN wins) and the sum of
