@@ -1,7 +1,7 @@
 // Cross-device conformance of the NN row kernels (label cuda): softmax and
-// log_softmax along every dim, the norms and cross entropy, forward and backward,
-// every dtype the CPU op takes, contiguous and strided operands, rows of odd
-// lengths and of special values, on CUDA against the CPU's result. Skips with a
+// log_softmax along every dim, the norms, cross entropy and embedding, forward and
+// backward, every dtype the CPU op takes, contiguous and strided operands, rows of
+// odd lengths and of special values, on CUDA against the CPU's result. Skips with a
 // message where no GPU is visible; the shared row math (row_ops.h) and line plan
 // are covered on the CPU by test_nn_kernels and test_row_ops.
 #include <cmath>
@@ -265,4 +265,72 @@ TEST(CudaCrossEntropy, BadTargetsGiveTheCpuError) {
                                Tensor::from_vector<int32_t>({0, -100, -2}).to(kGpu));
       },
       "[cross_entropy_backward] target -2 at position 2 is outside [0, 4)");
+}
+
+TEST(CudaEmbedding, LookupAndBackwardMatchTheCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  // Repeated ids (runs of one id in the backward), masked ids outside [0, V) at both
+  // ends, odd widths, a width longer than a block.
+  const std::vector<std::pair<int64_t, int64_t>> tables = {{7, 5}, {1, 3}, {50, 129}, {300, 1}};
+  for (const auto& [rows, width] : tables) {
+    for (bool masked : {false, true}) {
+      std::vector<int64_t> id;
+      for (int64_t n = 0; n < 257; ++n) {
+        int64_t v = (n * n + 3 * n) % rows;
+        if (masked && n % 7 == 3) v = n % 2 ? -1 - n : rows + n;
+        id.push_back(v);
+      }
+      for (DType index : {DType::I64, DType::I32}) {
+        const Tensor ids = Tensor::from_vector(id, {257}).to(index);
+        // A strided view of the ids: every other element of a doubled buffer.
+        std::vector<int64_t> doubled;
+        for (int64_t v : id) doubled.insert(doubled.end(), {v, 0});
+        const Tensor wide = Tensor::from_vector(doubled, {514}).to(index);
+        for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::Bool}) {
+          const std::string what = std::string("embedding ") + std::string(dtype_name(t)) + " " +
+                                   std::string(dtype_name(index)) + " [" + std::to_string(rows) + ", " +
+                                   std::to_string(width) + "] masked " + std::to_string(masked);
+          const Tensor table = test::uniform_f64({rows, width}, seed++, -3, 3).to(t);
+          expect_matches_cpu(embedding(table.to(kGpu), ids.to(kGpu), masked), embedding(table, ids, masked), 0, what);
+          // A transposed (column-strided) table and strided ids.
+          const Tensor buffer = test::uniform_f64({width, rows}, seed++, -3, 3).to(t);
+          expect_matches_cpu(embedding(buffer.to(kGpu).transpose(0, 1), ids.to(kGpu), masked),
+                             embedding(buffer.transpose(0, 1), ids, masked), 0, what + " transposed table");
+          expect_matches_cpu(embedding(table.to(kGpu), wide.to(kGpu).slice(0, 0, 514, 2), masked),
+                             embedding(table, ids, masked), 0, what + " strided ids");
+          if (!is_floating(t)) continue;
+          const Tensor g = test::uniform_f64({257, width}, seed++, -1, 1).to(t);
+          const Tensor back_cpu = embedding_backward(g, ids, rows, masked);
+          expect_matches_cpu(embedding_backward(g.to(kGpu), ids.to(kGpu), rows, masked), back_cpu, tolerance(t),
+                             what + " backward");
+          // A transposed grad_out.
+          const Tensor g_t = g.transpose(0, 1).contiguous().to(kGpu).transpose(0, 1);
+          expect_matches_cpu(embedding_backward(g_t, ids.to(kGpu), rows, masked), back_cpu, tolerance(t),
+                             what + " backward, strided grad_out");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaEmbedding, BadIdsGiveTheCpuErrorAndBackwardIsDeterministic) {
+  REQUIRE_GPU();
+  const Tensor table = Tensor::ones({4, 3}, DType::F32, kGpu);
+  const Tensor ids = Tensor::from_vector<int64_t>({-1, 2, 4}).to(kGpu);
+  test::expect_invalid([&] { embedding(table, ids); }, "[embedding] id -1 at position 0 is outside [0, 4)");
+  test::expect_invalid(
+      [&] {
+        embedding_backward(Tensor::ones({3, 3}, DType::F32, kGpu), ids, 4);
+      },
+      "[embedding_backward] id -1 at position 0 is outside [0, 4)");
+  // Many repeats of few ids: the same bits every run.
+  std::vector<int64_t> many(20000);
+  for (size_t n = 0; n < many.size(); ++n) many[n] = static_cast<int64_t>((n * 7919) % 13);
+  const Tensor rep = Tensor::from_vector(many, {20000}).to(kGpu);
+  const Tensor g = test::uniform_f64({20000, 64}, 9, -1, 1).to(DType::F32).to(kGpu);
+  const std::vector<float> first = embedding_backward(g, rep, 13).to(Device::cpu()).to_vector<float>();
+  for (int run = 0; run < 3; ++run) {
+    EXPECT_EQ(embedding_backward(g, rep, 13).to(Device::cpu()).to_vector<float>(), first);
+  }
 }

@@ -1,8 +1,8 @@
 // The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
 // runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
 // through cuBLASLt, softmax/log_softmax (+ backward) through softmax.cu, the norms
-// through norm.cu, cross entropy through
-// cross_entropy.cu; every other entry throws a
+// through norm.cu, cross entropy and embedding through cross_entropy.cu and
+// embedding.cu; every other entry throws a
 // std::runtime_error that names the op and says it has no CUDA kernel yet (move the
 // tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
@@ -12,6 +12,7 @@
 #include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/embedding.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/reduce.h"
@@ -61,6 +62,11 @@ void check_indices_on_host(const Tensor& ids, int64_t limit, const int64_t* skip
 
 CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   return {logits.size(0), logits.size(1), logits.stride(0), logits.stride(1), targets.stride(0), ignore_index};
+}
+
+// `table` is the table or its gradient, [V, D] with any strides.
+EmbeddingShape embedding_shape(const Tensor& ids, const Tensor& table, bool masked) {
+  return {ids.numel(), ids.stride(0), table.size(0), table.size(1), table.stride(0), table.stride(1), masked};
 }
 
 const void* optional_ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
@@ -175,8 +181,21 @@ class CudaKernels final : public Kernels {
   }
   void gelu_backward(const Tensor& g, const Tensor&, GeluApprox, Tensor&) override { not_yet("gelu_backward", g); }
   void silu_backward(const Tensor& g, const Tensor&, Tensor&) override { not_yet("silu_backward", g); }
-  void embedding(const Tensor& table, const Tensor&, bool, Tensor&) override { not_yet("embedding", table); }
-  void embedding_backward(const Tensor& g, const Tensor&, bool, Tensor&) override { not_yet("embedding_backward", g); }
+  void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out) override {
+    if (!masked) check_indices_on_host(ids, table.size(0), nullptr, "embedding", "id");
+    const EmbeddingShape shape = embedding_shape(ids, table, masked);
+    launch_embedding(dtype_size(table.dtype()), ids.dtype(), shape, table.data_ptr(), ids.data_ptr(), out.data_ptr(),
+                     stream_of(table));
+  }
+  void embedding_backward(const Tensor& g, const Tensor& ids, bool masked, Tensor& grad_table) override {
+    if (!masked) check_indices_on_host(ids, grad_table.size(0), nullptr, "embedding_backward", "id");
+    const EmbeddingShape shape = embedding_shape(ids, grad_table, masked);
+    // Sort buffers and CUB's temporary storage from the stream-ordered pool.
+    const size_t bytes = embedding_backward_scratch_bytes(shape);
+    const Tensor scratch = Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, g.device());
+    launch_embedding_backward(g.dtype(), ids.dtype(), shape, g.data_ptr(), g.stride(0), g.stride(1), ids.data_ptr(),
+                              grad_table.data_ptr(), scratch.data_ptr(), bytes, stream_of(g));
+  }
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) override {
     check_indices_on_host(targets, logits.size(1), &ignore_index, "cross_entropy", "target");
     launch_cross_entropy(logits.dtype(), targets.dtype(), cross_entropy_rows(logits, targets, ignore_index),

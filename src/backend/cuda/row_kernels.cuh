@@ -1,6 +1,6 @@
-// Device helpers of the CUDA row kernels (softmax.cu, norm.cu, cross_entropy.cu;
-// internal): the float dtypes as storage/compute type pairs, the dtype dispatch, and a
-// block-wide reduction.
+// Device helpers of the CUDA row kernels (softmax.cu, norm.cu, cross_entropy.cu,
+// embedding.cu; internal): the float dtypes as storage/compute type pairs, the dtype
+// and index dispatch, and a block-wide reduction.
 #pragma once
 
 #include <cuda_fp16.h>
