@@ -17,6 +17,8 @@
 #include "backend/cpu/loops.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_kernels.h"
+#include "backend/index_check.h"
+#include "backend/row_ops.h"
 #include "util/check.h"
 
 namespace dtensor::backend::cpu {
@@ -50,8 +52,7 @@ template <class C, class Value>
 C max_of(int64_t n, Value value) {
   C m = -std::numeric_limits<C>::infinity();
   for (int64_t i = 0; i < n; ++i) {
-    const C v = value(i);
-    m = (v > m || v != v) ? v : m;
+    m = scalar::reduce_max(m, static_cast<C>(value(i)));
   }
   return m;
 }
@@ -99,11 +100,6 @@ std::vector<double> read_values(const Tensor& t) {
   return values;
 }
 
-void check_index(int64_t id, int64_t limit, size_t position, const char* op, const char* what) {
-  DT_CHECK_ARG(id >= 0 && id < limit, op, what, " ", id, " at position ", position,
-               " is outside [0, ", limit, ")");
-}
-
 }  // namespace
 
 // ---- softmax ------------------------------------------------------------------------
@@ -132,16 +128,18 @@ void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) {
                        T* yl = y + at[0];
                        const int64_t sx = step[1], sy = step[0];
                        const C m = max_of<C>(length, [&](int64_t i) { return load(xl[i * sx]); });
-                       for (int64_t i = 0; i < length; ++i) shifted[i] = load(xl[i * sx]) - m;
+                       for (int64_t i = 0; i < length; ++i) shifted[i] = row::shifted_exp(load(xl[i * sx]), m);
+                       const double total = sum_of(length, [&](int64_t i) { return shifted[i]; });
                        if (log) {
-                         const double total =
-                             sum_of(length, [&](int64_t i) { return std::exp(shifted[i]); });
-                         const C log_total = static_cast<C>(std::log(total));
-                         for (int64_t i = 0; i < length; ++i) yl[i * sy] = convert<T>(shifted[i] - log_total);
+                         const C log_total = row::log_softmax_shift<C>(total);
+                         for (int64_t i = 0; i < length; ++i) {
+                           yl[i * sy] = convert<T>(row::log_softmax_value(load(xl[i * sx]), m, log_total));
+                         }
                        } else {
-                         for (int64_t i = 0; i < length; ++i) shifted[i] = std::exp(shifted[i]);
-                         const C scale = static_cast<C>(1.0 / sum_of(length, [&](int64_t i) { return shifted[i]; }));
-                         for (int64_t i = 0; i < length; ++i) yl[i * sy] = convert<T>(shifted[i] * scale);
+                         const C scale = row::softmax_scale<C>(total);
+                         for (int64_t i = 0; i < length; ++i) {
+                           yl[i * sy] = convert<T>(row::softmax_value(shifted[i], scale));
+                         }
                        }
                      });
   });
@@ -178,14 +176,14 @@ void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bo
             // y = log p: dx = g - p * sum(g).
             const C total = static_cast<C>(sum_of(length, [&](int64_t i) { return load(gl[i * sg]); }));
             for (int64_t i = 0; i < length; ++i) {
-              gil[i * si] = convert<T>(load(gl[i * sg]) - std::exp(load(yl[i * sy])) * total);
+              gil[i * si] = convert<T>(row::log_softmax_grad(load(gl[i * sg]), load(yl[i * sy]), total));
             }
           } else {
             // y = p: dx = p * (g - <g, p>).
             const C dot = static_cast<C>(
                 sum_of(length, [&](int64_t i) { return load(gl[i * sg]) * load(yl[i * sy]); }));
             for (int64_t i = 0; i < length; ++i) {
-              gil[i * si] = convert<T>(load(yl[i * sy]) * (load(gl[i * sg]) - dot));
+              gil[i * si] = convert<T>(row::softmax_grad(load(gl[i * sg]), load(yl[i * sy]), dot));
             }
           }
         });
@@ -227,18 +225,14 @@ void norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = xp + r * cols;
       T* yr = yp + r * cols;
-      const double mu = centered ? sum_of(cols, [&](int64_t i) { return load(xr[i]); }) / cols : 0.0;
-      const double spread = sum_of(cols, [&](int64_t i) {
-        const double d = static_cast<double>(load(xr[i])) - mu;
-        return d * d;
-      });
-      const C inv = static_cast<C>(1.0 / std::sqrt(spread / cols + eps));
+      const double mu = centered ? row::norm_mean(sum_of(cols, [&](int64_t i) { return load(xr[i]); }), cols) : 0.0;
+      const double spread =
+          sum_of(cols, [&](int64_t i) { return row::norm_deviation_sq(static_cast<double>(load(xr[i])), mu); });
+      const C inv = row::norm_rstd<C>(spread, cols, eps);
       const C m = static_cast<C>(mu);
       for (int64_t i = 0; i < cols; ++i) {
-        C v = (load(xr[i]) - m) * inv;
-        if (w) v *= load(w[i]);
-        if (b) v += load(b[i]);
-        yr[i] = convert<T>(v);
+        const C wi = w ? load(w[i]) : C(0), bi = b ? load(b[i]) : C(0);
+        yr[i] = convert<T>(row::norm_value(load(xr[i]), m, inv, w ? &wi : nullptr, b ? &bi : nullptr));
       }
       if (mean_p) mean_p[r] = m;
       rstd_p[r] = inv;
@@ -304,7 +298,7 @@ void norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* mean, 
       const T* gr = gp + r * cols;
       const C m = mean_p ? mean_p[r] : C(0), inv = rstd_p[r];
       for (int64_t i = 0; i < cols; ++i) {
-        xhat[i] = (load(xr[i]) - m) * inv;
+        xhat[i] = row::norm_xhat(load(xr[i]), m, inv);
         ghat[i] = w ? load(gr[i]) * load(w[i]) : load(gr[i]);
       }
       // dx = inv * (ghat - mean(ghat) - xhat * mean(ghat * xhat)); the mean(ghat)
@@ -314,7 +308,7 @@ void norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor* mean, 
       const C mean_gx =
           static_cast<C>(sum_of(cols, [&](int64_t i) { return ghat[i] * xhat[i]; }) / cols);
       T* gir = gip + r * cols;
-      for (int64_t i = 0; i < cols; ++i) gir[i] = convert<T>(inv * (ghat[i] - mean_g - xhat[i] * mean_gx));
+      for (int64_t i = 0; i < cols; ++i) gir[i] = convert<T>(row::norm_grad(inv, ghat[i], mean_g, xhat[i], mean_gx));
       if (want_weight) {
         for (int64_t i = 0; i < cols; ++i) gw[i] += static_cast<double>(load(gr[i]) * xhat[i]);
       }
@@ -489,8 +483,8 @@ void for_each_scored_row(const Tensor& logits, const std::vector<int64_t>& targe
     check_index(target, classes, n, op, "target");
     const T* line = x + static_cast<int64_t>(n) * s0;
     const C m = max_of<C>(classes, [&](int64_t c) { return load(line[c * s1]); });
-    const double total = sum_of(classes, [&](int64_t c) { return std::exp(load(line[c * s1]) - m); });
-    row_fn(n, target, line, s1, m, static_cast<C>(std::log(total)));
+    const double total = sum_of(classes, [&](int64_t c) { return row::shifted_exp(load(line[c * s1]), m); });
+    row_fn(n, target, line, s1, m, row::log_softmax_shift<C>(total));
   }
 }
 
@@ -539,7 +533,7 @@ void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_i
     for_each_scored_row<T>(logits, target, ignore_index, "cross_entropy",
                            [&](size_t n, int64_t t, const T* line, int64_t step, C m, C lse) {
                              // -log softmax(x)[t] = lse + m - x[t]
-                             loss[n] = static_cast<double>(lse) + m - load(line[t * step]);
+                             loss[n] = row::cross_entropy_loss(lse, m, load(line[t * step]));
                            });
   });
   write_values(loss, losses);
@@ -578,8 +572,7 @@ void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const
                              const C g = static_cast<C>(upstream[n]);
                              T* out = gl + static_cast<int64_t>(n) * classes;
                              for (int64_t c = 0; c < classes; ++c) {
-                               const C p = std::exp(load(line[c * step]) - m - lse);
-                               out[c] = convert<T>(g * (c == t ? p - C(1) : p));
+                               out[c] = convert<T>(row::cross_entropy_grad(g, load(line[c * step]), m, lse, c == t));
                              }
                            });
   });

@@ -1,16 +1,23 @@
 // The CUDA kernel table: the elementwise family (copy, fill, unary, binary, where)
 // runs on the GPU through elementwise.cu, sum/mean/max/min through reduce.cu, matmul
-// through cuBLASLt; every other entry throws a
+// through cuBLASLt, softmax/log_softmax (+ backward) through softmax.cu, the norms
+// through norm.cu, cross entropy and embedding through cross_entropy.cu and
+// embedding.cu; every other entry throws a
 // std::runtime_error that names the op and says it has no CUDA kernel yet (move the
 // tensors with to(Device::cpu()) meanwhile). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
 #include <cassert>
 #include <cstring>
 
+#include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/embedding.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/norm.h"
 #include "backend/cuda/reduce.h"
+#include "backend/cuda/softmax.h"
+#include "backend/index_check.h"
 #include "backend/kernels.h"
 #include "backend/offset_calc.h"
 #include "util/check.h"
@@ -40,6 +47,43 @@ OffsetCalc<N> plan(const Shape& shape, std::array<const Tensor*, N> operands) {
 }
 
 void* stream_of(const Tensor& t) { return current_stream(t.device().index); }
+
+// The CPU's range check of an index operand (ids, targets; `skip` points at a value
+// that is exempt, the ignore_index) on its values copied to the host. The copy waits
+// for the stream: the one host synchronisation of these entries, kept so that a bad
+// id raises the CPU's std::invalid_argument from this call. A device-side flag
+// would avoid the wait but could only report the error from some later call.
+void check_indices_on_host(const Tensor& ids, int64_t limit, const int64_t* skip, const char* op, const char* what) {
+  const std::vector<int64_t> values = ids.to(Device::cpu()).to(DType::I64).contiguous().to_vector<int64_t>();
+  for (size_t n = 0; n < values.size(); ++n) {
+    if (!skip || values[n] != *skip) check_index(values[n], limit, n, op, what);
+  }
+}
+
+CrossEntropyRows cross_entropy_rows(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  return {logits.size(0), logits.size(1), logits.stride(0), logits.stride(1), targets.stride(0), ignore_index};
+}
+
+// `table` is the table or its gradient, [V, D] with any strides.
+EmbeddingShape embedding_shape(const Tensor& ids, const Tensor& table, bool masked) {
+  return {ids.numel(), ids.stride(0), table.size(0), table.size(1), table.stride(0), table.stride(1), masked};
+}
+
+const void* optional_ptr(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+void* optional_ptr(Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
+
+// The norms' backward: the F64 partials of the weight/bias gradients live in a
+// scratch tensor from the stream-ordered pool (freed here, reused only by work queued
+// after the kernels on the same stream).
+void norm_backward(const NormShape& shape, const Tensor& g, const Tensor& x, const void* mean, const Tensor& rstd,
+                   const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias) {
+  const int64_t wanted = (grad_weight.defined() ? 1 : 0) + (grad_bias.defined() ? 1 : 0);
+  const Tensor partials =
+      Tensor::empty({wanted * norm_gradient_chunks(shape.rows).chunks * shape.cols}, DType::F64, x.device());
+  launch_norm_backward(x.dtype(), shape, g.data_ptr(), x.data_ptr(), mean, rstd.data_ptr(), optional_ptr(weight),
+                       grad_in.data_ptr(), optional_ptr(grad_weight), optional_ptr(grad_bias),
+                       static_cast<double*>(partials.data_ptr()), stream_of(x));
+}
 
 class CudaKernels final : public Kernels {
  public:
@@ -104,30 +148,66 @@ class CudaKernels final : public Kernels {
     assert(planned);
     gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
   }
-  void softmax(const Tensor& a, int64_t, bool, Tensor&) override { not_yet("softmax", a); }
-  void softmax_backward(const Tensor& g, const Tensor&, int64_t, bool, Tensor&) override {
-    not_yet("softmax_backward", g);
+  void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
+    LinePlan<2> p;
+    DT_CHECK_SUPPORTED(make_line_plan<2>(a.shape(), {out.strides().data(), a.strides().data()}, dim, p), "cuda softmax",
+                       "at most ", kMaxOffsetDims, " strided dims after merging, got shape ", a.shape());
+    launch_softmax(a.dtype(), p, log, out.data_ptr(), a.data_ptr(), stream_of(a));
   }
-  void layer_norm(const Tensor& x, const Tensor&, const Tensor&, double, Tensor&, Tensor&, Tensor&) override {
-    not_yet("layer_norm", x);
+  void softmax_backward(const Tensor& g, const Tensor& out, int64_t dim, bool log, Tensor& grad_in) override {
+    LinePlan<3> p;
+    DT_CHECK_SUPPORTED(
+        make_line_plan<3>(out.shape(), {grad_in.strides().data(), g.strides().data(), out.strides().data()}, dim, p),
+        "cuda softmax_backward", "at most ", kMaxOffsetDims, " strided dims after merging, got shape ", out.shape());
+    launch_softmax_backward(out.dtype(), p, log, grad_in.data_ptr(), g.data_ptr(), out.data_ptr(), stream_of(out));
   }
-  void layer_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&,
-                           Tensor&, Tensor&) override {
-    not_yet("layer_norm_backward", g);
+  void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& out, Tensor& mean,
+                  Tensor& rstd) override {
+    launch_norm(x.dtype(), {x.size(0), x.size(1), true}, eps, x.data_ptr(), optional_ptr(weight), optional_ptr(bias),
+                out.data_ptr(), mean.data_ptr(), rstd.data_ptr(), stream_of(x));
   }
-  void rms_norm(const Tensor& x, const Tensor&, double, Tensor&, Tensor&) override { not_yet("rms_norm", x); }
-  void rms_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) override {
-    not_yet("rms_norm_backward", g);
+  void layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias) override {
+    norm_backward({x.size(0), x.size(1), true}, g, x, mean.data_ptr(), rstd, weight, grad_in, grad_weight, grad_bias);
+  }
+  void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out, Tensor& rstd) override {
+    launch_norm(x.dtype(), {x.size(0), x.size(1), false}, eps, x.data_ptr(), optional_ptr(weight), nullptr,
+                out.data_ptr(), nullptr, rstd.data_ptr(), stream_of(x));
+  }
+  void rms_norm_backward(const Tensor& g, const Tensor& x, const Tensor& rstd, const Tensor& weight, Tensor& grad_in,
+                         Tensor& grad_weight) override {
+    Tensor no_bias;
+    norm_backward({x.size(0), x.size(1), false}, g, x, nullptr, rstd, weight, grad_in, grad_weight, no_bias);
   }
   void gelu_backward(const Tensor& g, const Tensor&, GeluApprox, Tensor&) override { not_yet("gelu_backward", g); }
   void silu_backward(const Tensor& g, const Tensor&, Tensor&) override { not_yet("silu_backward", g); }
-  void embedding(const Tensor& table, const Tensor&, bool, Tensor&) override { not_yet("embedding", table); }
-  void embedding_backward(const Tensor& g, const Tensor&, bool, Tensor&) override { not_yet("embedding_backward", g); }
-  void cross_entropy(const Tensor& logits, const Tensor&, int64_t, Tensor&) override {
-    not_yet("cross_entropy", logits);
+  void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out) override {
+    if (!masked) check_indices_on_host(ids, table.size(0), nullptr, "embedding", "id");
+    const EmbeddingShape shape = embedding_shape(ids, table, masked);
+    launch_embedding(dtype_size(table.dtype()), ids.dtype(), shape, table.data_ptr(), ids.data_ptr(), out.data_ptr(),
+                     stream_of(table));
   }
-  void cross_entropy_backward(const Tensor& g, const Tensor&, const Tensor&, int64_t, Tensor&) override {
-    not_yet("cross_entropy_backward", g);
+  void embedding_backward(const Tensor& g, const Tensor& ids, bool masked, Tensor& grad_table) override {
+    if (!masked) check_indices_on_host(ids, grad_table.size(0), nullptr, "embedding_backward", "id");
+    const EmbeddingShape shape = embedding_shape(ids, grad_table, masked);
+    // Sort buffers and CUB's temporary storage from the stream-ordered pool.
+    const size_t bytes = embedding_backward_scratch_bytes(shape);
+    const Tensor scratch = Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, g.device());
+    launch_embedding_backward(g.dtype(), ids.dtype(), shape, g.data_ptr(), g.stride(0), g.stride(1), ids.data_ptr(),
+                              grad_table.data_ptr(), scratch.data_ptr(), bytes, stream_of(g));
+  }
+  void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) override {
+    check_indices_on_host(targets, logits.size(1), &ignore_index, "cross_entropy", "target");
+    launch_cross_entropy(logits.dtype(), targets.dtype(), cross_entropy_rows(logits, targets, ignore_index),
+                         logits.data_ptr(), targets.data_ptr(), losses.data_ptr(), stream_of(logits));
+  }
+  void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index, Tensor& grad_logits) override {
+    check_indices_on_host(targets, logits.size(1), &ignore_index, "cross_entropy_backward", "target");
+    const Tensor upstream = grad_rows.to(DType::F64).contiguous();  // the CPU reads it as doubles too
+    launch_cross_entropy_backward(logits.dtype(), targets.dtype(), cross_entropy_rows(logits, targets, ignore_index),
+                                  static_cast<const double*>(upstream.data_ptr()), logits.data_ptr(),
+                                  targets.data_ptr(), grad_logits.data_ptr(), stream_of(logits));
   }
   void attention(const Tensor& q, const Tensor&, const Tensor&, bool, double, Tensor&, Tensor&) override {
     not_yet("attention", q);
