@@ -102,6 +102,31 @@ TEST(CudaElementwise, FillsAndWhereMoveTheCpusBits) {
   }
 }
 
+TEST(CudaElementwise, ActivationBackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    // Both tails of the activations and the curved middle.
+    Tensor x = values({33, 17}, t, -6, 6, 11);
+    Tensor g = values({33, 17}, t, -1, 1, 12);
+    const Tensor xg = x.to(kGpu), gg = g.to(kGpu);
+    const std::string dt(dtype_name(t));
+    for (GeluApprox approx : {GeluApprox::None, GeluApprox::Tanh}) {
+      const std::string what = std::string(approx == GeluApprox::Tanh ? "gelu tanh " : "gelu erf ") + dt;
+      expect_same(gelu_backward(gg, xg, approx), gelu_backward(g, x, approx), tolerance(t), what);
+      // Strided operands (the CPU then takes its scalar loop, the same formulas).
+      expect_same(gelu_backward(gg.transpose(0, 1), xg.transpose(0, 1), approx),
+                  gelu_backward(g.transpose(0, 1), x.transpose(0, 1), approx), tolerance(t), what + " transposed");
+    }
+    expect_same(silu_backward(gg, xg), silu_backward(g, x), tolerance(t), "silu " + dt);
+    expect_same(silu_backward(gg.transpose(0, 1), xg.transpose(0, 1)),
+                silu_backward(g.transpose(0, 1), x.transpose(0, 1)), tolerance(t), "silu transposed " + dt);
+  }
+  // The two GELU derivatives differ by more than the F32 tolerance: a swapped op fails.
+  Tensor x = values({64}, DType::F32, -3, 3, 13).to(kGpu), g = Tensor::ones({64}, DType::F32, kGpu);
+  EXPECT_FALSE(allclose(gelu_backward(g, x, GeluApprox::None).to(Device::cpu()),
+                        gelu_backward(g, x, GeluApprox::Tanh).to(Device::cpu()), 1e-5, 1e-5));
+}
+
 TEST(CudaElementwise, MixedDevicesAndMissingKernelsFailClearly) {
   REQUIRE_GPU();
   Tensor g = Tensor::ones({2, 2}, DType::F32, kGpu);

@@ -60,6 +60,33 @@ DT_HOST_DEVICE C gelu_erf(C x) {
   return C(0.5) * x * (C(1) + erf(x * C(0.7071067811865476)));
 }
 
+// grad_out * f'(x) of the activations (the backward of gelu/silu), computed in C.
+// d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3).
+template <class C>
+DT_HOST_DEVICE C gelu_tanh_backward(C g, C v) {
+  using std::tanh;
+  const C k = C(0.7978845608028654), c = C(0.044715);
+  const C t = tanh(k * (v + c * v * v * v));
+  return g * (C(0.5) * (C(1) + t) + C(0.5) * v * (C(1) - t * t) * k * (C(1) + C(3) * c * v * v));
+}
+
+// d/dx x Phi(x) = Phi(x) + x phi(x).
+template <class C>
+DT_HOST_DEVICE C gelu_erf_backward(C g, C v) {
+  using std::erf, std::exp;
+  const C cdf = C(0.5) * (C(1) + erf(v * C(0.7071067811865476)));
+  const C pdf = exp(C(-0.5) * v * v) * C(0.3989422804014327);
+  return g * (cdf + v * pdf);
+}
+
+// d/dx x s(x) = s (1 + x (1 - s)).
+template <class C>
+DT_HOST_DEVICE C silu_backward(C g, C v) {
+  using std::exp;
+  const C s = C(1) / (C(1) + exp(-v));
+  return g * s * (C(1) + v * (C(1) - s));
+}
+
 template <UnaryOp Op, class C>
 DT_HOST_DEVICE C unary(C x) {
   using std::exp, std::log, std::sqrt, std::tanh;

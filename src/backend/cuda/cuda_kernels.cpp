@@ -119,8 +119,16 @@ class CudaKernels final : public Kernels {
   void rms_norm_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Tensor&, Tensor&) override {
     not_yet("rms_norm_backward", g);
   }
-  void gelu_backward(const Tensor& g, const Tensor&, GeluApprox, Tensor&) override { not_yet("gelu_backward", g); }
-  void silu_backward(const Tensor& g, const Tensor&, Tensor&) override { not_yet("silu_backward", g); }
+  void gelu_backward(const Tensor& g, const Tensor& x, GeluApprox approx, Tensor& grad_in) override {
+    activation_backward(approx == GeluApprox::Tanh ? ActivationGrad::GeluTanh : ActivationGrad::GeluErf, g, x, grad_in);
+  }
+  void silu_backward(const Tensor& g, const Tensor& x, Tensor& grad_in) override {
+    activation_backward(ActivationGrad::Silu, g, x, grad_in);
+  }
+  void activation_backward(ActivationGrad op, const Tensor& g, const Tensor& x, Tensor& grad_in) {
+    launch_activation_backward(op, grad_in.dtype(), grad_in.numel(), plan<3>(grad_in.shape(), {&grad_in, &g, &x}),
+                               grad_in.data_ptr(), g.data_ptr(), x.data_ptr(), stream_of(grad_in));
+  }
   void embedding(const Tensor& table, const Tensor&, bool, Tensor&) override { not_yet("embedding", table); }
   void embedding_backward(const Tensor& g, const Tensor&, bool, Tensor&) override { not_yet("embedding_backward", g); }
   void cross_entropy(const Tensor& logits, const Tensor&, int64_t, Tensor&) override {
