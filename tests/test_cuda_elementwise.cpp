@@ -154,3 +154,41 @@ TEST(CudaReduce, SumMeanMaxMinMatchTheCpuOverAnyDims) {
   Tensor nan = Tensor::from_vector<float>({1, std::nanf(""), 3}, {3});
   EXPECT_TRUE(std::isnan(amax(nan.to(kGpu)).item<float>()));  // NaN wins, as on the CPU
 }
+
+TEST(CudaReduce, VarAndArgmaxMatchTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    const std::string dt(dtype_name(t));
+    // A mean far from zero against the spread: the two passes must not cancel. Integer
+    // values on a coarse grid give argmax many ties; rows of 300 span every thread.
+    Tensor a = is_floating(t) ? values({5, 7, 300}, t, 96, 104, 31) : values({5, 7, 300}, t, -3, 3, 31);
+    Tensor g = a.to(kGpu);
+    const double tol = t == DType::BF16 ? 2e-2 : t == DType::F16 ? 2e-3 : t == DType::F64 ? 1e-10 : 1e-5;
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{2}, {0}, {0, 2}, {1}, {0, 1, 2}}) {
+      for (int64_t correction : {0, 1, 2}) {
+        const std::string what = "var " + dt + " correction " + std::to_string(correction) + " over " +
+                                 std::to_string(dims.size()) + " dims from " + std::to_string(dims[0]);
+        expect_same(var(g, dims, correction), var(a, dims, correction), tol, what);
+      }
+    }
+    expect_same(var(g.transpose(0, 2), {1}), var(a.transpose(0, 2), {1}), tol, "var transposed " + dt);
+    for (int64_t dim : {0, 1, 2}) {
+      expect_same(argmax(g, dim), argmax(a, dim), 0, "argmax " + dt + " dim " + std::to_string(dim));
+      expect_same(argmax(g.transpose(0, 2), dim), argmax(a.transpose(0, 2), dim), 0, "argmax transposed " + dt);
+    }
+  }
+  // NaN wins, the first one: NaNs at 5 and 280 are seen by threads 5 and 24.
+  std::vector<float> row(300, 1.0f);
+  row[280] = row[5] = std::nanf("");
+  row[100] = 7.0f;
+  EXPECT_EQ(argmax(Tensor::from_vector(row, {300}).to(kGpu), 0).to(Device::cpu()).item<int64_t>(), 5);
+  // Ties across threads: the first maximum, as on the CPU.
+  std::vector<float> ties(300, 0.0f);
+  ties[290] = ties[37] = ties[200] = 3.0f;
+  EXPECT_EQ(argmax(Tensor::from_vector(ties, {300}).to(kGpu), 0).to(Device::cpu()).item<int64_t>(), 37);
+  // No deviations left (n - correction <= 0): the CPU's inf/NaN.
+  Tensor one = Tensor::full({1, 3}, 2.0, DType::F32);
+  EXPECT_TRUE(std::isnan(var(one.to(kGpu), {0}, 1).to(Device::cpu()).to_vector<float>()[0]));
+  EXPECT_TRUE(
+      std::isinf(var(Tensor::from_vector<float>({1, 3}, {2}).to(kGpu), {0}, 2).to(Device::cpu()).item<float>()));
+}

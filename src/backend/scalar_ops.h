@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -147,6 +148,23 @@ DT_HOST_DEVICE A reduce_max(A m, A v) {
 template <class A>
 DT_HOST_DEVICE A reduce_min(A m, A v) {
   return (v < m || v != v) ? v : m;
+}
+
+// var's last step: the sum of squared deviations from the mean over n - correction
+// (never below zero: no deviations left gives inf or NaN, as torch.var).
+DT_HOST_DEVICE inline double variance_from_squares(double squares, double n, int64_t correction) {
+  const double denominator = n - static_cast<double>(correction);
+  return squares / (denominator > 0.0 ? denominator : 0.0);
+}
+
+// Whether element k of value v replaces the best so far (best_value at index best)
+// of an argmax: the first maximum wins and a NaN counts as the maximum, the first
+// NaN among NaNs (torch.argmax). Order-free, so partial results combine in any order.
+template <class A>
+DT_HOST_DEVICE bool argmax_prefers(A v, int64_t k, A best_value, int64_t best) {
+  if (best_value != best_value) return v != v && k < best;
+  if (v != v) return true;
+  return v > best_value || (v == best_value && k < best);
 }
 
 DT_HOST_DEVICE constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

@@ -89,8 +89,20 @@ class CudaKernels final : public Kernels {
                                                : ReduceOp::Min;
     launch_reduce(kind, a.dtype(), out.dtype(), p, out.data_ptr(), a.data_ptr(), stream_of(a));
   }
-  void var(const Tensor& a, const std::vector<int64_t>&, int64_t, Tensor&) override { not_yet("var", a); }
-  void argmax(const Tensor& a, int64_t, Tensor&) override { not_yet("argmax", a); }
+  void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, Tensor& out) override {
+    assert(out.is_contiguous());
+    ReducePlan p;
+    DT_CHECK_SUPPORTED(make_reduce_plan(a.shape(), a.strides().data(), dims, p), "cuda var", "at most ", kMaxOffsetDims,
+                       " strided dims after merging, got shape ", a.shape());
+    launch_var(a.dtype(), out.dtype(), p, correction, out.data_ptr(), a.data_ptr(), stream_of(a));
+  }
+  void argmax(const Tensor& a, int64_t dim, Tensor& out) override {
+    assert(out.is_contiguous() && out.dtype() == DType::I64);
+    ReducePlan p;
+    DT_CHECK_SUPPORTED(make_reduce_plan(a.shape(), a.strides().data(), {dim}, p), "cuda argmax", "at most ",
+                       kMaxOffsetDims, " strided dims after merging, got shape ", a.shape());
+    launch_argmax(a.dtype(), p, static_cast<int64_t*>(out.data_ptr()), a.data_ptr(), stream_of(a));
+  }
   void matmul(const Tensor& a, const Tensor& b, Tensor& out) override {
     const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
     if (out.numel() == 0) return;
