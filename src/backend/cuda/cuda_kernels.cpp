@@ -10,9 +10,11 @@
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/optim.h"
 #include "backend/cuda/reduce.h"
 #include "backend/kernels.h"
 #include "backend/offset_calc.h"
+#include "backend/optim_math.h"
 #include "util/check.h"
 
 namespace dtensor::backend {
@@ -155,6 +157,14 @@ class CudaKernels final : public Kernels {
   void attention_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           bool, double, Tensor&, Tensor&, Tensor&) override {
     not_yet("attention_backward", g);
+  }
+  bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg,
+                  Tensor& exp_avg_sq) override {
+    if (!adamw_fusable(param, grad, exp_avg, exp_avg_sq)) return false;
+    launch_adamw(step, grad.dtype() == DType::BF16, param.numel(), static_cast<float*>(param.data_ptr()),
+                 grad.data_ptr(), static_cast<float*>(exp_avg.data_ptr()), static_cast<float*>(exp_avg_sq.data_ptr()),
+                 stream_of(param));
+    return true;
   }
 };
 
