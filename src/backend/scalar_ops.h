@@ -169,6 +169,18 @@ DT_HOST_DEVICE bool argmax_prefers(A v, int64_t k, A best_value, int64_t best) {
 
 DT_HOST_DEVICE constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
+// Element i of arange: start + i * step in double, the product and the sum each
+// rounded (start + i*step rather than a running sum, so long ranges do not drift).
+// Device code must not contract them into one FMA, which the CPU build (x86-64
+// without -mfma) does not do either, so both devices give the same bits.
+DT_HOST_DEVICE inline double arange_value(double start, double step, int64_t i) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(start, __dmul_rn(static_cast<double>(i), step));
+#else
+  return start + static_cast<double>(i) * step;
+#endif
+}
+
 // BF16 <-> F32 on bits: round to nearest even, NaN kept quiet (as dtype.cpp).
 DT_HOST_DEVICE inline float bf16_bits_to_f32(unsigned short bits) {
   const unsigned int u = static_cast<unsigned int>(bits) << 16;

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
+#include "backend/cuda/factories.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/optim.h"
 #include "backend/cuda/reduce.h"
@@ -63,9 +64,18 @@ class CudaKernels final : public Kernels {
     launch_fill(dtype_size(dst.dtype()), bits, dst.numel(), plan<1>(dst.shape(), {&dst}), dst.data_ptr(),
                 stream_of(dst));
   }
-  void fill_randn(Tensor& dst, uint64_t, uint64_t) override { not_yet("randn", dst); }
-  void fill_rand(Tensor& dst, uint64_t, uint64_t) override { not_yet("rand", dst); }
-  void arange(Tensor& dst, double, double) override { not_yet("arange", dst); }
+  void fill_randn(Tensor& dst, uint64_t seed, uint64_t index_offset) override {
+    assert(dst.is_contiguous());
+    launch_random(RandomKind::Normal, seed, index_offset, dst.numel(), dst.dtype(), dst.data_ptr(), stream_of(dst));
+  }
+  void fill_rand(Tensor& dst, uint64_t seed, uint64_t index_offset) override {
+    assert(dst.is_contiguous());
+    launch_random(RandomKind::Uniform, seed, index_offset, dst.numel(), dst.dtype(), dst.data_ptr(), stream_of(dst));
+  }
+  void arange(Tensor& dst, double start, double step) override {
+    assert(dst.dim() <= 1 && dst.is_contiguous());
+    launch_arange(start, step, dst.numel(), dst.dtype(), dst.data_ptr(), stream_of(dst));
+  }
 
   void unary(UnaryOp op, const Tensor& a, Tensor& out) override {
     launch_unary(op, out.dtype(), out.numel(), plan<2>(out.shape(), {&out, &a}), out.data_ptr(), a.data_ptr(),

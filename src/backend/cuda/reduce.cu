@@ -17,6 +17,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/reduce.h"
+#include "backend/cuda/store.cuh"
 #include "backend/scalar_ops.h"
 
 namespace dtensor::backend::cuda {
@@ -62,20 +63,6 @@ __device__ __forceinline__ A identity(ReduceOp op) {
     return op == ReduceOp::Max ? -INFINITY : op == ReduceOp::Min ? INFINITY : 0.0;
   } else {
     return op == ReduceOp::Max ? INT64_MIN : op == ReduceOp::Min ? INT64_MAX : 0;
-  }
-}
-
-// Stores v (the finished accumulator) as one element of `dtype`, the CPU's conversions.
-template <class A>
-__device__ __forceinline__ void store_as(DType dtype, void* out, int64_t o, A v) {
-  switch (dtype) {
-    case DType::F32: static_cast<float*>(out)[o] = static_cast<float>(v); break;
-    case DType::F64: static_cast<double*>(out)[o] = static_cast<double>(v); break;
-    case DType::BF16: static_cast<uint16_t*>(out)[o] = scalar::f32_to_bf16_bits(static_cast<float>(v)); break;
-    case DType::F16: static_cast<uint16_t*>(out)[o] = __half_as_ushort(__float2half_rn(static_cast<float>(v))); break;
-    case DType::I64: static_cast<int64_t*>(out)[o] = static_cast<int64_t>(v); break;
-    case DType::I32: static_cast<int32_t*>(out)[o] = static_cast<int32_t>(v); break;
-    case DType::Bool: static_cast<bool*>(out)[o] = v != A(0); break;
   }
 }
 
