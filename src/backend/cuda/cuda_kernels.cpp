@@ -7,6 +7,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
 #include "backend/cuda/factories.h"
@@ -161,12 +162,42 @@ class CudaKernels final : public Kernels {
   void cross_entropy_backward(const Tensor& g, const Tensor&, const Tensor&, int64_t, Tensor&) override {
     not_yet("cross_entropy_backward", g);
   }
-  void attention(const Tensor& q, const Tensor&, const Tensor&, bool, double, Tensor&, Tensor&) override {
-    not_yet("attention", q);
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
+                 Tensor& lse) override {
+    const AttentionShape s = attention_shape(q, k, v, causal, scale);
+    launch_attention(s, attention_rows(q), attention_rows(k), attention_rows(v), attention_rows(out), q.data_ptr(),
+                     k.data_ptr(), v.data_ptr(), out.data_ptr(), static_cast<float*>(lse.data_ptr()), stream_of(q));
   }
-  void attention_backward(const Tensor& g, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                          bool, double, Tensor&, Tensor&, Tensor&) override {
-    not_yet("attention_backward", g);
+  void attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse, bool causal, double scale, Tensor& grad_q, Tensor& grad_k,
+                          Tensor& grad_v) override {
+    const AttentionShape s = attention_shape(q, k, v, causal, scale);
+    const AttentionGradRows rows{attention_rows(g),      attention_rows(q),     attention_rows(k),
+                                 attention_rows(v),      attention_rows(out),   attention_rows(grad_q),
+                                 attention_rows(grad_k), attention_rows(grad_v)};
+    // rowsum(grad_out * out) per query, from the grad_q kernel to the grad_k/grad_v one.
+    Tensor delta = Tensor::empty({s.batch.entries * s.queries}, DType::F32, q.device());
+    launch_attention_backward(s, rows, g.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                              static_cast<const float*>(lse.data_ptr()), static_cast<float*>(delta.data_ptr()),
+                              grad_q.data_ptr(), grad_k.data_ptr(), grad_v.data_ptr(), stream_of(q));
+  }
+  // The kernels' plan; what they cannot take is a runtime_error naming the limit.
+  static AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+    AttentionShape s;
+    DT_CHECK_SUPPORTED(make_attention_batch(q, s.batch), "cuda attention", "at most ", kMaxAttentionBatchDims,
+                       " leading dims, got shape ", q.shape());
+    s.queries = q.size(-2);
+    s.keys = k.size(-2);
+    s.head_dim = q.size(-1);
+    s.value_dim = v.size(-1);
+    s.scale = static_cast<float>(scale);
+    s.causal = causal;
+    s.bf16 = q.dtype() == DType::BF16;
+    DT_CHECK_SUPPORTED(s.batch.entries <= 65535, "cuda attention", "at most 65535 batch entries, got ",
+                       s.batch.entries);
+    DT_CHECK_SUPPORTED(attention_shared_bytes(s) <= kAttentionMaxSharedBytes, "cuda attention",
+                       "head dims whose rows fit the kernel's shared memory, got q ", q.shape(), " and v ", v.shape());
+    return s;
   }
   bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg,
                   Tensor& exp_avg_sq) override {
