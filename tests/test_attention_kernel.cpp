@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/attention_plan.h"
 #include "kernel_test_util.h"
 
 namespace dtensor::test {
@@ -165,6 +166,41 @@ TEST(AttentionKernel, RejectsMismatchedOperands) {
   expect_invalid([&] { scaled_dot_product_attention(q, k, Tensor::zeros({2, 4, 6}), false); }, "one sequence length");
   expect_invalid([&] { scaled_dot_product_attention(q, Tensor::zeros({3, 5, 4}), v, false); }, "same leading dims");
   expect_invalid([&] { scaled_dot_product_attention(q, k.to(DType::F64), v, false); }, "one floating dtype");
+}
+
+// The batch plan of the CUDA kernels (backend/attention_plan.h): entry e, row-major
+// over the leading dims, starts where the CPU's element [e's index..., 0, 0] is, for
+// contiguous, permuted (a [B, S, H, D] view as [B, H, S, D]) and sliced operands.
+TEST(AttentionPlan, EntryOffsetsAreTheFirstElementOfEachBatchEntry) {
+  const Tensor base = Tensor::arange(0, 2 * 3 * 5 * 4 * 7, 1, DType::F64).reshape({2, 5, 3, 4 * 7});
+  const std::vector<Tensor> views = {
+      Tensor::arange(0, 2 * 3 * 5 * 4, 1, DType::F64).reshape({2, 3, 5, 4}),
+      base.slice(3, 0, 4).transpose(1, 2),                      // [2, 3, 5, 4]: heads and sequence swapped
+      base.slice(3, 8, 12).transpose(1, 2),                     // an offset inside each row
+      base.slice(3, 0, 4).permute({2, 0, 1, 3}),                // [3, 2, 5, 4]
+      Tensor::arange(0, 6 * 4, 1, DType::F64).reshape({6, 4}),  // no batch dims: one entry
+  };
+  for (size_t view = 0; view < views.size(); ++view) {
+    const Tensor& t = views[view];
+    backend::AttentionBatch batch;
+    ASSERT_TRUE(backend::make_attention_batch(t, batch));
+    const backend::AttentionRows rows = backend::attention_rows(t);
+    const Shape lead(t.shape().begin(), t.shape().end() - 2);
+    ASSERT_EQ(batch.entries, shape_numel(lead));
+    EXPECT_EQ(rows.row_stride, t.stride(-2));
+    const double* data = static_cast<const double*>(t.data_ptr());
+    const Tensor rows_first = t.contiguous().reshape({batch.entries, t.size(-2) * t.size(-1)});
+    for (int64_t e = 0; e < batch.entries; ++e) {
+      // Element [e, 0, 0] of the contiguous copy and element [e, 1, 1] through the plan.
+      const std::vector<double> row = rows_first.slice(0, e, e + 1).to_vector<double>();
+      const int64_t at = backend::entry_offset(batch, rows, e);
+      EXPECT_EQ(data[at], row[0]) << "entry " << e << " of view " << view;
+      EXPECT_EQ(data[at + rows.row_stride + 1], row[static_cast<size_t>(t.size(-1)) + 1])
+          << "entry " << e << " of view " << view;
+    }
+  }
+  backend::AttentionBatch batch;
+  EXPECT_FALSE(backend::make_attention_batch(Tensor::zeros({1, 1, 1, 1, 1, 1, 1, 2, 2}), batch));
 }
 
 }  // namespace

@@ -102,11 +102,36 @@ TEST(CudaElementwise, FillsAndWhereMoveTheCpusBits) {
   }
 }
 
-TEST(CudaElementwise, MixedDevicesAndMissingKernelsFailClearly) {
+TEST(CudaElementwise, ActivationBackwardMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    // Both tails of the activations and the curved middle.
+    Tensor x = values({33, 17}, t, -6, 6, 11);
+    Tensor g = values({33, 17}, t, -1, 1, 12);
+    const Tensor xg = x.to(kGpu), gg = g.to(kGpu);
+    const std::string dt(dtype_name(t));
+    for (GeluApprox approx : {GeluApprox::None, GeluApprox::Tanh}) {
+      const std::string what = std::string(approx == GeluApprox::Tanh ? "gelu tanh " : "gelu erf ") + dt;
+      expect_same(gelu_backward(gg, xg, approx), gelu_backward(g, x, approx), tolerance(t), what);
+      // Strided operands (the CPU then takes its scalar loop, the same formulas).
+      expect_same(gelu_backward(gg.transpose(0, 1), xg.transpose(0, 1), approx),
+                  gelu_backward(g.transpose(0, 1), x.transpose(0, 1), approx), tolerance(t), what + " transposed");
+    }
+    expect_same(silu_backward(gg, xg), silu_backward(g, x), tolerance(t), "silu " + dt);
+    expect_same(silu_backward(gg.transpose(0, 1), xg.transpose(0, 1)),
+                silu_backward(g.transpose(0, 1), x.transpose(0, 1)), tolerance(t), "silu transposed " + dt);
+  }
+  // The two GELU derivatives differ by more than the F32 tolerance: a swapped op fails.
+  Tensor x = values({64}, DType::F32, -3, 3, 13).to(kGpu), g = Tensor::ones({64}, DType::F32, kGpu);
+  EXPECT_FALSE(allclose(gelu_backward(g, x, GeluApprox::None).to(Device::cpu()),
+                        gelu_backward(g, x, GeluApprox::Tanh).to(Device::cpu()), 1e-5, 1e-5));
+}
+
+TEST(CudaElementwise, MixedDevicesFailClearly) {
   REQUIRE_GPU();
   Tensor g = Tensor::ones({2, 2}, DType::F32, kGpu);
   EXPECT_THROW_MSG(add(g, Tensor::ones({2, 2})), std::invalid_argument, "devices differ: cuda:0 and cpu");
-  EXPECT_THROW_MSG(silu_backward(g, g), std::runtime_error, "no CUDA kernel yet");  // any op still without one
+  EXPECT_THROW_MSG(matmul(g, Tensor::ones({2, 2})), std::invalid_argument, "devices differ");
 }
 
 TEST(CudaReduce, SumMeanMaxMinMatchTheCpuOverAnyDims) {
@@ -128,4 +153,42 @@ TEST(CudaReduce, SumMeanMaxMinMatchTheCpuOverAnyDims) {
   }
   Tensor nan = Tensor::from_vector<float>({1, std::nanf(""), 3}, {3});
   EXPECT_TRUE(std::isnan(amax(nan.to(kGpu)).item<float>()));  // NaN wins, as on the CPU
+}
+
+TEST(CudaReduce, VarAndArgmaxMatchTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    const std::string dt(dtype_name(t));
+    // A mean far from zero against the spread: the two passes must not cancel. Integer
+    // values on a coarse grid give argmax many ties; rows of 300 span every thread.
+    Tensor a = is_floating(t) ? values({5, 7, 300}, t, 96, 104, 31) : values({5, 7, 300}, t, -3, 3, 31);
+    Tensor g = a.to(kGpu);
+    const double tol = t == DType::BF16 ? 2e-2 : t == DType::F16 ? 2e-3 : t == DType::F64 ? 1e-10 : 1e-5;
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{2}, {0}, {0, 2}, {1}, {0, 1, 2}}) {
+      for (int64_t correction : {0, 1, 2}) {
+        const std::string what = "var " + dt + " correction " + std::to_string(correction) + " over " +
+                                 std::to_string(dims.size()) + " dims from " + std::to_string(dims[0]);
+        expect_same(var(g, dims, correction), var(a, dims, correction), tol, what);
+      }
+    }
+    expect_same(var(g.transpose(0, 2), {1}), var(a.transpose(0, 2), {1}), tol, "var transposed " + dt);
+    for (int64_t dim : {0, 1, 2}) {
+      expect_same(argmax(g, dim), argmax(a, dim), 0, "argmax " + dt + " dim " + std::to_string(dim));
+      expect_same(argmax(g.transpose(0, 2), dim), argmax(a.transpose(0, 2), dim), 0, "argmax transposed " + dt);
+    }
+  }
+  // NaN wins, the first one: NaNs at 5 and 280 are seen by threads 5 and 24.
+  std::vector<float> row(300, 1.0f);
+  row[280] = row[5] = std::nanf("");
+  row[100] = 7.0f;
+  EXPECT_EQ(argmax(Tensor::from_vector(row, {300}).to(kGpu), 0).to(Device::cpu()).item<int64_t>(), 5);
+  // Ties across threads: the first maximum, as on the CPU.
+  std::vector<float> ties(300, 0.0f);
+  ties[290] = ties[37] = ties[200] = 3.0f;
+  EXPECT_EQ(argmax(Tensor::from_vector(ties, {300}).to(kGpu), 0).to(Device::cpu()).item<int64_t>(), 37);
+  // No deviations left (n - correction <= 0): the CPU's inf/NaN.
+  Tensor one = Tensor::full({1, 3}, 2.0, DType::F32);
+  EXPECT_TRUE(std::isnan(var(one.to(kGpu), {0}, 1).to(Device::cpu()).to_vector<float>()[0]));
+  EXPECT_TRUE(
+      std::isinf(var(Tensor::from_vector<float>({1, 3}, {2}).to(kGpu), {0}, 2).to(Device::cpu()).item<float>()));
 }

@@ -2,6 +2,8 @@
 // formulas, sharded state, gradient layouts, clipping across meshes, LR schedules.
 #include <cmath>
 
+#include "backend/kernels.h"
+#include "backend/optim_math.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/data.h"
 #include "dtensor/ops.h"
@@ -120,6 +122,54 @@ TEST(Optim, AdamWMatchesReferenceOverSeveralSteps) {
     expect_near_all(values(opt.state(0).tensors.at("exp_avg")), ref.m, 1e-5, "exp_avg");
     expect_near_all(values(opt.state(0).tensors.at("exp_avg_sq")), ref.v, 1e-5, "exp_avg_sq");
   });
+}
+
+// The fused kernel of this CPU's vector ISA (the suite also runs capped to AVX2 and
+// the baseline) against backend/optim_math.h's scalar update, which the CUDA kernel
+// runs: the same float operations, so within a few ulp (FMA contraction may differ;
+// the baseline build has no FMA and matches exactly).
+TEST(Optim, FusedAdamWKernelMatchesTheSharedScalarUpdate) {
+  for (DType grad_dtype : {DType::F32, DType::BF16}) {
+    const int64_t n = 1003;  // not a multiple of any vector width: the tail too
+    Tensor p = Tensor::randn({n}, 1), m = Tensor::zeros({n}), v = Tensor::zeros({n});
+
+    backend::AdamWStep step;
+    step.lr = 0.01;
+    step.beta1 = 0.9;
+    step.beta2 = 0.95;
+    step.eps = 1e-8;
+    step.weight_decay = 0.1;
+    for (int k = 1; k <= 5; ++k) {
+      step.step = k;
+      const Tensor g = (Tensor::randn({n}, 10 + static_cast<uint64_t>(k)) * (k == 3 ? 1e-4 : 1.0)).to(grad_dtype);
+      // Each step from the kernel's own state, so that only this step's rounding counts.
+      std::vector<float> rp = p.to_vector<float>(), rm = m.to_vector<float>(), rv = v.to_vector<float>();
+      ASSERT_TRUE(backend::kernels_for(Device::cpu()).adamw_step(step, p, g, m, v));
+      const std::vector<float> gv = g.to(DType::F32).to_vector<float>();
+      const backend::AdamWFactors f = backend::adamw_factors(step);
+      const std::vector<float> m_before = rm;
+      for (int64_t i = 0; i < n; ++i) backend::adamw_update(f, rp[i], gv[i], rm[i], rv[i]);
+      const std::string what = std::string(dtype_name(grad_dtype)) + " step " + std::to_string(k);
+      const std::vector<float> gp = p.to_vector<float>(), gm = m.to_vector<float>(), gvv = v.to_vector<float>();
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_NEAR(gp[i], rp[i], 4e-7 * (1 + std::fabs(rp[i]))) << what << " param " << i;
+        // beta1 m + (1 - beta1) g may cancel: the bound is the terms' rounding.
+        ASSERT_NEAR(gm[i], rm[i], 4e-7 * (std::fabs(m_before[i]) + std::fabs(gv[i]))) << what << " exp_avg " << i;
+        ASSERT_NEAR(gvv[i], rv[i], 4e-7 * std::fabs(rv[i]) + 1e-15f) << what << " exp_avg_sq " << i;
+      }
+    }
+  }
+  // The constants: decay and the bias corrections of step t, rounded to float once.
+  backend::AdamWStep step;
+  step.lr = 0.5;
+  step.beta1 = 0.5;
+  step.beta2 = 0.75;
+  step.weight_decay = 0.5;
+  step.step = 2;
+  const backend::AdamWFactors f = backend::adamw_factors(step);
+  EXPECT_EQ(f.decay, 0.75f);
+  EXPECT_EQ(f.step_size, 0.5f / 0.75f);
+  EXPECT_EQ(f.inv_sqrt_bias_correction2, 1.0f / std::sqrt(0.4375f));
 }
 
 TEST(Optim, ShardedParametersGetShardedStateAndTheOneRankResult) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "backend/scalar_ops.h"
 #include "kernel_test_util.h"
 
 namespace dtensor::test {
@@ -201,6 +202,46 @@ TEST(Argmax, TiesNaNAndIntegers) {
   EXPECT_EQ(argmax(Tensor::from_vector<float>({1, 3, 3, 2}), 0).item<int64_t>(), 1);
   EXPECT_EQ(argmax(Tensor::from_vector<float>({1, NAN, 5, NAN}), 0).item<int64_t>(), 1);
   EXPECT_EQ(argmax(Tensor::from_vector<int32_t>({4, -1, 7, 7}), -1).item<int64_t>(), 2);
+}
+
+// The CUDA argmax combines per-thread (value, index) pairs in a tree with
+// scalar::argmax_prefers, the CPU's scan rule: any combination order must give the
+// sequential scan's answer (first maximum, first NaN).
+TEST(Argmax, PreferenceCombinesInAnyOrderToTheSequentialAnswer) {
+  std::vector<float> line(37);
+  for (uint64_t trial = 0; trial < 300; ++trial) {
+    for (size_t i = 0; i < line.size(); ++i) {
+      const uint32_t bits = random::philox4x32(trial, i)[0];
+      line[i] = static_cast<float>(bits % 5) - 2.0f;  // many ties
+      if (trial % 3 == 0 && bits % 11 == 0) line[i] = NAN;
+    }
+    const int64_t want = argmax(Tensor::from_vector(line, {static_cast<int64_t>(line.size())}), 0).item<int64_t>();
+    // Thread t of `threads` scans t, t + threads, ...; then a halving tree as in reduce.cu.
+    for (int threads : {1, 2, 4, 8, 16, 64}) {
+      std::vector<float> value(static_cast<size_t>(threads));
+      std::vector<int64_t> index(static_cast<size_t>(threads), -1);
+      for (int t = 0; t < threads; ++t) {
+        for (size_t r = static_cast<size_t>(t); r < line.size(); r += static_cast<size_t>(threads)) {
+          const int64_t k = static_cast<int64_t>(r);
+          if (index[t] < 0 || backend::scalar::argmax_prefers(line[r], k, value[t], index[t])) {
+            value[t] = line[r];
+            index[t] = k;
+          }
+        }
+      }
+      for (int width = threads / 2; width > 0; width /= 2) {
+        for (int t = 0; t < width; ++t) {
+          const int o = t + width;
+          if (index[o] >= 0 &&
+              (index[t] < 0 || backend::scalar::argmax_prefers(value[o], index[o], value[t], index[t]))) {
+            value[t] = value[o];
+            index[t] = index[o];
+          }
+        }
+      }
+      ASSERT_EQ(index[0], want) << "trial " << trial << " with " << threads << " threads";
+    }
+  }
 }
 
 // ---- errors ----------------------------------------------------------------------------------

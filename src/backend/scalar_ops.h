@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 
@@ -58,6 +59,33 @@ template <class C>
 DT_HOST_DEVICE C gelu_erf(C x) {
   using std::erf;
   return C(0.5) * x * (C(1) + erf(x * C(0.7071067811865476)));
+}
+
+// grad_out * f'(x) of the activations (the backward of gelu/silu), computed in C.
+// d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3).
+template <class C>
+DT_HOST_DEVICE C gelu_tanh_backward(C g, C v) {
+  using std::tanh;
+  const C k = C(0.7978845608028654), c = C(0.044715);
+  const C t = tanh(k * (v + c * v * v * v));
+  return g * (C(0.5) * (C(1) + t) + C(0.5) * v * (C(1) - t * t) * k * (C(1) + C(3) * c * v * v));
+}
+
+// d/dx x Phi(x) = Phi(x) + x phi(x).
+template <class C>
+DT_HOST_DEVICE C gelu_erf_backward(C g, C v) {
+  using std::erf, std::exp;
+  const C cdf = C(0.5) * (C(1) + erf(v * C(0.7071067811865476)));
+  const C pdf = exp(C(-0.5) * v * v) * C(0.3989422804014327);
+  return g * (cdf + v * pdf);
+}
+
+// d/dx x s(x) = s (1 + x (1 - s)).
+template <class C>
+DT_HOST_DEVICE C silu_backward(C g, C v) {
+  using std::exp;
+  const C s = C(1) / (C(1) + exp(-v));
+  return g * s * (C(1) + v * (C(1) - s));
 }
 
 template <UnaryOp Op, class C>
@@ -122,7 +150,36 @@ DT_HOST_DEVICE A reduce_min(A m, A v) {
   return (v < m || v != v) ? v : m;
 }
 
+// var's last step: the sum of squared deviations from the mean over n - correction
+// (never below zero: no deviations left gives inf or NaN, as torch.var).
+DT_HOST_DEVICE inline double variance_from_squares(double squares, double n, int64_t correction) {
+  const double denominator = n - static_cast<double>(correction);
+  return squares / (denominator > 0.0 ? denominator : 0.0);
+}
+
+// Whether element k of value v replaces the best so far (best_value at index best)
+// of an argmax: the first maximum wins and a NaN counts as the maximum, the first
+// NaN among NaNs (torch.argmax). Order-free, so partial results combine in any order.
+template <class A>
+DT_HOST_DEVICE bool argmax_prefers(A v, int64_t k, A best_value, int64_t best) {
+  if (best_value != best_value) return v != v && k < best;
+  if (v != v) return true;
+  return v > best_value || (v == best_value && k < best);
+}
+
 DT_HOST_DEVICE constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
+
+// Element i of arange: start + i * step in double, the product and the sum each
+// rounded (start + i*step rather than a running sum, so long ranges do not drift).
+// Device code must not contract them into one FMA, which the CPU build (x86-64
+// without -mfma) does not do either, so both devices give the same bits.
+DT_HOST_DEVICE inline double arange_value(double start, double step, int64_t i) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(start, __dmul_rn(static_cast<double>(i), step));
+#else
+  return start + static_cast<double>(i) * step;
+#endif
+}
 
 // BF16 <-> F32 on bits: round to nearest even, NaN kept quiet (as dtype.cpp).
 DT_HOST_DEVICE inline float bf16_bits_to_f32(unsigned short bits) {

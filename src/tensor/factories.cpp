@@ -1,6 +1,6 @@
-// Tensor factories. Constant fills run on the tensor's device; random values and
-// ranges are made on the CPU and copied over (so a seed gives the CPU's numbers on
-// every device) until the devices generate them themselves.
+// Tensor factories. Every fill runs on the tensor's device; random values are
+// counter-based (dtensor/random.h, one definition for the CPU and the CUDA kernels),
+// so a seed gives the same numbers on every device.
 #include <cmath>
 
 #include "backend/kernels.h"
@@ -14,13 +14,13 @@ void check_shape(const Shape& shape, const char* op) {
   for (int64_t s : shape) DT_CHECK_ARG(s >= 0, op, "sizes must be >= 0, got ", shape);
 }
 
-// Builds on the CPU with `fill`, then moves to `device`.
+// Builds on `device` with `fill` and that device's kernels.
 template <class Fill>
 Tensor make_on(const Shape& shape, DType dtype, Device device, const char* op, Fill&& fill) {
   check_shape(shape, op);
-  Tensor t = Tensor::empty(shape, dtype, Device::cpu());
-  fill(backend::kernels_for(Device::cpu()), t);
-  return t.to(device);
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill(backend::kernels_for(device), t);
+  return t;
 }
 
 }  // namespace

@@ -44,8 +44,11 @@ DType kernel_dtype(DType t) { return t == DType::BF16 ? DType::BF16 : DType::F32
 Tensor masked_scores(const Tensor& q, const Tensor& k, bool causal, double scale) {
   Tensor scores = mul(matmul(q, k.transpose(-1, -2)), scale);
   if (!causal) return scores;
-  const Tensor visible = le(Tensor::arange(k.size(-2)).unsqueeze(0), Tensor::arange(q.size(-2)).unsqueeze(1));
-  return where(visible, scores, Tensor::full({}, -std::numeric_limits<double>::infinity(), scores.dtype()));
+  // On the operands' device, so that a CUDA F64 forward stays on the GPU.
+  const Tensor visible = le(Tensor::arange(k.size(-2), DType::I64, q.device()).unsqueeze(0),
+                            Tensor::arange(q.size(-2), DType::I64, q.device()).unsqueeze(1));
+  return where(visible, scores,
+               Tensor::full({}, -std::numeric_limits<double>::infinity(), scores.dtype(), scores.device()));
 }
 
 AttentionResult attention_f64(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {

@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/loops.h"
 #include "backend/cpu/vec_kernels.h"
+#include "backend/scalar_ops.h"
 #include "dtensor/random.h"
 
 namespace dtensor::backend::cpu {
@@ -113,8 +114,7 @@ void arange(Tensor& dst, double start, double step) {
     using T = decltype(tag);
     T* p = static_cast<T*>(dst.data_ptr());
     const int64_t n = dst.numel();
-    // start + i*step rather than a running sum, so long ranges do not drift.
-    for (int64_t i = 0; i < n; ++i) p[i] = convert<T>(start + static_cast<double>(i) * step);
+    for (int64_t i = 0; i < n; ++i) p[i] = convert<T>(scalar::arange_value(start, step, i));
   });
 }
 

@@ -19,6 +19,7 @@
 #include "backend/cpu/vec_kernels.h"
 #include "backend/index_check.h"
 #include "backend/row_ops.h"
+#include "backend/scalar_ops.h"
 #include "util/check.h"
 
 namespace dtensor::backend::cpu {
@@ -369,24 +370,9 @@ void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx, T
     using T = decltype(tag);
     using C = compute_t<T>;
     if (approx == GeluApprox::Tanh) {
-      // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3).
-      map<T, T, T>(
-          [](C g, C v) {
-            const C k = C(0.7978845608028654), c = C(0.044715);
-            const C t = std::tanh(k * (v + c * v * v * v));
-            return g * (C(0.5) * (C(1) + t) +
-                        C(0.5) * v * (C(1) - t * t) * k * (C(1) + C(3) * c * v * v));
-          },
-          grad_in, grad_out, x);
+      map<T, T, T>([](C g, C v) { return scalar::gelu_tanh_backward(g, v); }, grad_in, grad_out, x);
     } else {
-      // d/dx x Phi(x) = Phi(x) + x phi(x).
-      map<T, T, T>(
-          [](C g, C v) {
-            const C cdf = C(0.5) * (C(1) + std::erf(v * C(0.7071067811865476)));
-            const C pdf = std::exp(C(-0.5) * v * v) * C(0.3989422804014327);
-            return g * (cdf + v * pdf);
-          },
-          grad_in, grad_out, x);
+      map<T, T, T>([](C g, C v) { return scalar::gelu_erf_backward(g, v); }, grad_in, grad_out, x);
     }
   });
 }
@@ -396,13 +382,7 @@ void silu_backward(const Tensor& grad_out, const Tensor& x, Tensor& grad_in) {
   visit_float_dtype(x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
-    // d/dx x s(x) = s (1 + x (1 - s)).
-    map<T, T, T>(
-        [](C g, C v) {
-          const C s = C(1) / (C(1) + std::exp(-v));
-          return g * s * (C(1) + v * (C(1) - s));
-        },
-        grad_in, grad_out, x);
+    map<T, T, T>([](C g, C v) { return scalar::silu_backward(g, v); }, grad_in, grad_out, x);
   });
 }
 

@@ -5,17 +5,12 @@
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/parallel.h"
 #include "backend/cpu/vec_kernels.h"
+#include "backend/optim_math.h"
 
 namespace dtensor::backend::cpu {
 
 bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq) {
-  for (const Tensor* t : {&param, &exp_avg, &exp_avg_sq}) {
-    if (t->dtype() != DType::F32 || !t->is_contiguous() || t->shape() != param.shape()) return false;
-  }
-  if ((grad.dtype() != DType::F32 && grad.dtype() != DType::BF16) || !grad.is_contiguous() ||
-      grad.shape() != param.shape()) {
-    return false;
-  }
+  if (!adamw_fusable(param, grad, exp_avg, exp_avg_sq)) return false;
   const double t = static_cast<double>(step.step);
   AdamWArgs a;
   a.lr = static_cast<float>(step.lr);

@@ -202,8 +202,7 @@ void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, 
           return d * d;
         },
         plus);
-    const double denominator = std::max(0.0, n - static_cast<double>(correction));
-    write_out(squares, out, [denominator](double s) { return s / denominator; });
+    write_out(squares, out, [n, correction](double s) { return scalar::variance_from_squares(s, n, correction); });
   });
 }
 
@@ -221,12 +220,13 @@ void argmax(const Tensor& a, int64_t dim, Tensor& out) {
     for_each_line<2>({&out_lines, &a}, dim,
                      [&](const std::array<int64_t, 2>& at, const std::array<int64_t, 2>& step) {
                        const T* line = x + at[1];
-                       // First maximum; a NaN counts as the maximum (torch.argmax).
+                       // First maximum; a NaN counts as the maximum (torch.argmax), so
+                       // the first NaN ends the scan.
                        int64_t best = 0;
                        auto best_value = load(line[0]);
                        for (int64_t k = 1; k < length && best_value == best_value; ++k) {
                          const auto v = load(line[k * step[1]]);
-                         if (v > best_value || v != v) {
+                         if (scalar::argmax_prefers(v, k, best_value, best)) {
                            best = k;
                            best_value = v;
                          }

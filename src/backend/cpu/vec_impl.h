@@ -339,6 +339,9 @@ void norm_backward_rows(const NormRowsArgs& a, const void* gv, const void* xv, c
 
 // ---- AdamW -----------------------------------------------------------------------
 
+// The same float operations as backend/optim_math.h's adamw_update (the CUDA
+// kernel's), which test_optim checks against this; not called from here, as an
+// ISA-flagged file must not instantiate shared inline functions (vec_math.h).
 template <class T>
 void adamw(const AdamWArgs& a, float* p, const void* gv, float* m, float* v, int64_t n) {
   const T* g = static_cast<const T*>(gv);

@@ -1,5 +1,6 @@
 // CUDA elementwise kernels: unary, binary (arithmetic and comparisons), copies
-// with dtype conversion, fills and where, through one grid-stride launcher.
+// with dtype conversion, fills, where and the activations' backward, through one
+// grid-stride launcher.
 //
 // The scalar math is backend/scalar_ops.h, the same functions the CPU loops call;
 // the index arithmetic is backend/offset_calc.h, tested on the CPU. BF16 and F16
@@ -9,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cassert>
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
@@ -201,6 +203,23 @@ __global__ void copy_kernel(DType src, int64_t n, OffsetCalc<2> calc, Dst* out, 
   });
 }
 
+template <class C>
+__device__ __forceinline__ C apply_activation_backward(ActivationGrad op, C g, C x) {
+  switch (op) {
+    case ActivationGrad::GeluTanh: return scalar::gelu_tanh_backward(g, x);
+    case ActivationGrad::GeluErf: return scalar::gelu_erf_backward(g, x);
+    default: return scalar::silu_backward(g, x);
+  }
+}
+
+template <class T>
+__global__ void activation_backward_kernel(ActivationGrad op, int64_t n, OffsetCalc<3> calc, T* grad_in,
+                                           const T* grad_out, const T* x) {
+  for_each_element<3>(n, calc, calc.contiguous, [&](const int64_t(&off)[3]) {
+    grad_in[off[0]] = store<T>(apply_activation_backward(op, load(grad_out[off[1]]), load(x[off[2]])));
+  });
+}
+
 template <class U>
 __global__ void fill_kernel(U bits, int64_t n, OffsetCalc<1> calc, U* out) {
   for_each_element<1>(n, calc, calc.contiguous, [&](const int64_t(&off)[1]) { out[off[0]] = bits; });
@@ -273,6 +292,21 @@ void launch_fill(size_t element_size, uint64_t bits, int64_t n, const OffsetCalc
                                                                                      static_cast<U*>(out));
   });
   check(cudaGetLastError(), "fill kernel launch");
+}
+
+void launch_activation_backward(ActivationGrad op, DType dtype, int64_t n, const OffsetCalc<3>& calc, void* grad_in,
+                                const void* grad_out, const void* x, void* stream) {
+  if (n == 0) return;
+  visit_storage(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<compute_t<T>>) {
+      activation_backward_kernel<T><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          op, n, calc, static_cast<T*>(grad_in), static_cast<const T*>(grad_out), static_cast<const T*>(x));
+    } else {
+      assert(false && "float dtype expected");  // the frontend takes float dtypes only
+    }
+  });
+  check(cudaGetLastError(), "activation backward kernel launch");
 }
 
 void launch_where(size_t element_size, int64_t n, const OffsetCalc<4>& calc, void* out, const void* cond,

@@ -1,0 +1,92 @@
+// Fused attention on CUDA against the CPU kernel (label cuda): out, lse and the three
+// gradients for F32, BF16 and F16 (F16 runs through F32 on both), causal or not, a
+// custom scale, more keys than queries and the reverse, key counts across the
+// kernel's 128-wide tiles, and a transposed [B, S, H, D] view; the F64 forward (the
+// composite formulas on the GPU's ops). Skips with a message where no GPU is
+// visible; the batch plan is tested on the CPU (test_attention_kernel).
+#include "test_helpers.h"
+
+using namespace dtensor;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+Tensor values(const Shape& shape, DType dtype, uint64_t seed) { return (Tensor::rand(shape, seed) * 2 - 1).to(dtype); }
+
+void expect_same(const Tensor& gpu, const Tensor& cpu, double tol, const std::string& what) {
+  ASSERT_EQ(gpu.device(), kGpu) << what;
+  ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  EXPECT_TRUE(allclose(gpu.to(Device::cpu()).to(DType::F64), cpu.to(DType::F64), tol, tol)) << what;
+}
+
+double tolerance(DType t) { return t == DType::BF16 ? 3e-2 : t == DType::F16 ? 3e-3 : 2e-5; }
+
+}  // namespace
+
+TEST(CudaAttention, ForwardAndBackwardMatchTheCpu) {
+  REQUIRE_GPU();
+  struct Case {
+    int64_t queries, keys, head_dim, value_dim;
+  };
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    for (const Case& c : {Case{70, 150, 40, 24}, Case{200, 90, 16, 16}, Case{1, 300, 8, 33}}) {
+      for (bool causal : {false, true}) {
+        const std::string what = std::string(dtype_name(t)) + " Sq " + std::to_string(c.queries) + " Sk " +
+                                 std::to_string(c.keys) + (causal ? " causal" : "");
+        const Tensor q = values({2, 3, c.queries, c.head_dim}, t, 1);
+        const Tensor k = values({2, 3, c.keys, c.head_dim}, t, 2);
+        const Tensor v = values({2, 3, c.keys, c.value_dim}, t, 3);
+        const Tensor g = values({2, 3, c.queries, c.value_dim}, t, 4);
+        const AttentionResult cpu = scaled_dot_product_attention(q, k, v, causal);
+        const AttentionResult gpu = scaled_dot_product_attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), causal);
+        expect_same(gpu.out, cpu.out, tolerance(t), what + " out");
+        expect_same(gpu.lse, cpu.lse, 1e-4, what + " lse");
+        const AttentionGrads cg = scaled_dot_product_attention_backward(g, q, k, v, cpu, causal);
+        const AttentionGrads gg =
+            scaled_dot_product_attention_backward(g.to(kGpu), q.to(kGpu), k.to(kGpu), v.to(kGpu), gpu, causal);
+        expect_same(gg.grad_q, cg.grad_q, tolerance(t) * 2, what + " grad_q");
+        expect_same(gg.grad_k, cg.grad_k, tolerance(t) * 2, what + " grad_k");
+        expect_same(gg.grad_v, cg.grad_v, tolerance(t) * 2, what + " grad_v");
+      }
+    }
+  }
+}
+
+TEST(CudaAttention, StridedViewsAndCustomScaleMatchTheCpu) {
+  REQUIRE_GPU();
+  // [B, S, H, D] memory seen as [B, H, S, D]: batch entries with their own strides.
+  const Tensor q = values({2, 130, 4, 32}, DType::F32, 5).transpose(1, 2);
+  const Tensor k = values({2, 140, 4, 32}, DType::F32, 6).transpose(1, 2);
+  const Tensor v = values({2, 140, 4, 32}, DType::F32, 7).transpose(1, 2);
+  const Tensor g = values({2, 130, 4, 32}, DType::F32, 8).transpose(1, 2);
+  for (bool causal : {false, true}) {
+    const AttentionResult cpu = scaled_dot_product_attention(q, k, v, causal, 0.3);
+    const AttentionResult gpu = scaled_dot_product_attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), causal, 0.3);
+    expect_same(gpu.out, cpu.out, 2e-5, "transposed out");
+    expect_same(gpu.lse, cpu.lse, 1e-4, "transposed lse");
+    const AttentionGrads cg = scaled_dot_product_attention_backward(g, q, k, v, cpu, causal, 0.3);
+    const AttentionGrads gg =
+        scaled_dot_product_attention_backward(g.to(kGpu), q.to(kGpu), k.to(kGpu), v.to(kGpu), gpu, causal, 0.3);
+    expect_same(gg.grad_q, cg.grad_q, 4e-5, "transposed grad_q");
+    expect_same(gg.grad_k, cg.grad_k, 4e-5, "transposed grad_k");
+    expect_same(gg.grad_v, cg.grad_v, 4e-5, "transposed grad_v");
+  }
+  // The scale is applied (a kernel ignoring it differs from the default 1/sqrt(32)).
+  const Tensor a = scaled_dot_product_attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), false, 2.0).out;
+  const Tensor b = scaled_dot_product_attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), false).out;
+  EXPECT_FALSE(allclose(a.to(Device::cpu()), b.to(Device::cpu()), 1e-3, 1e-3));
+}
+
+TEST(CudaAttention, F64ForwardRunsTheCompositeFormulasOnTheGpu) {
+  REQUIRE_GPU();
+  const Tensor q = values({2, 20, 8}, DType::F64, 9), k = values({2, 30, 8}, DType::F64, 10);
+  const Tensor v = values({2, 30, 6}, DType::F64, 11);
+  for (bool causal : {false, true}) {
+    const AttentionResult cpu = scaled_dot_product_attention(q, k, v, causal);
+    const AttentionResult gpu = scaled_dot_product_attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), causal);
+    expect_same(gpu.out, cpu.out, 1e-12, causal ? "f64 causal out" : "f64 out");
+    expect_same(gpu.lse, cpu.lse, 1e-6, causal ? "f64 causal lse" : "f64 lse");
+  }
+}
