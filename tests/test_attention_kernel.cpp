@@ -160,6 +160,45 @@ TEST(AttentionKernel, MatchesTheCompositeOps) {
   expect_close(scaled_dot_product_attention(q, k, v, true).out, values(composite), "fused vs composite", 5.0, 1e-5);
 }
 
+TEST(AttentionKernel, ZeroHeadOrValueDimsAreDefined) {
+  // Head dim 0 with a given scale: every score is 0, so query i averages the values
+  // it may see (causal: rows 0..i), and grad_v[j] = sum over i >= j of 1 / (i + 1).
+  const Tensor q = Tensor::zeros({2, 3, 0}), k = Tensor::zeros({2, 3, 0});
+  const Tensor v = uniform_f64({2, 3, 4}, 8, -1, 1).to(DType::F32);
+  const AttentionResult r = scaled_dot_product_attention(q, k, v, true, 1.0);
+  const std::vector<double> vv = values(v);
+  std::vector<double> mean(vv.size(), 0.0);
+  for (int64_t e = 0; e < 2; ++e) {
+    for (int64_t i = 0; i < 3; ++i) {
+      for (int64_t c = 0; c < 4; ++c) {
+        for (int64_t j = 0; j <= i; ++j) mean[(e * 3 + i) * 4 + c] += vv[(e * 3 + j) * 4 + c] / (i + 1);
+      }
+    }
+  }
+  expect_close(r.out, mean, "head dim 0: causal means", 5.0, 1e-6);
+  const AttentionGrads g = scaled_dot_product_attention_backward(Tensor::ones({2, 3, 4}), q, k, v, r, true, 1.0);
+  const double w[3] = {1.0 + 1.0 / 2 + 1.0 / 3, 1.0 / 2 + 1.0 / 3, 1.0 / 3};
+  std::vector<double> dv;
+  for (int64_t e = 0; e < 2; ++e) {
+    for (int64_t j = 0; j < 3; ++j) dv.insert(dv.end(), 4, w[j]);
+  }
+  expect_close(g.grad_v, dv, "head dim 0: grad_v", 5.0, 1e-6);
+  EXPECT_EQ(g.grad_q.shape(), (Shape{2, 3, 0}));
+  EXPECT_EQ(g.grad_k.shape(), (Shape{2, 3, 0}));
+
+  // Value dim 0: an empty output, but lse and the gradients of q and k (zero) are defined.
+  const Tensor q2 = uniform_f64({2, 3, 4}, 9, -1, 1).to(DType::F32),
+               k2 = uniform_f64({2, 3, 4}, 10, -1, 1).to(DType::F32);
+  const Tensor v2 = Tensor::zeros({2, 3, 0});
+  const AttentionResult r2 = scaled_dot_product_attention(q2, k2, v2, false);
+  EXPECT_EQ(r2.out.shape(), (Shape{2, 3, 0}));
+  for (double x : values(r2.lse)) EXPECT_TRUE(std::isfinite(x)) << x;
+  const AttentionGrads g2 = scaled_dot_product_attention_backward(Tensor::zeros({2, 3, 0}), q2, k2, v2, r2, false);
+  for (const Tensor* t : {&g2.grad_q, &g2.grad_k}) {
+    for (double x : values(*t)) EXPECT_EQ(x, 0.0);
+  }
+}
+
 TEST(AttentionKernel, RejectsMismatchedOperands) {
   const Tensor q = Tensor::zeros({2, 3, 4}), k = Tensor::zeros({2, 5, 4}), v = Tensor::zeros({2, 5, 6});
   expect_invalid([&] { scaled_dot_product_attention(q, Tensor::zeros({2, 5, 3}), v, false); }, "one head dim");

@@ -171,13 +171,14 @@ DT_HOST_DEVICE constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp
 
 // Element i of arange: start + i * step in double, the product and the sum each
 // rounded (start + i*step rather than a running sum, so long ranges do not drift).
-// Device code must not contract them into one FMA, which the CPU build (x86-64
-// without -mfma) does not do either, so both devices give the same bits.
+// Neither device may contract them into one FMA (nvcc does by default, and so does
+// GCC wherever the target has FMA: -march=native, aarch64), so both give the same bits.
 DT_HOST_DEVICE inline double arange_value(double start, double step, int64_t i) {
 #if defined(__CUDA_ARCH__)
   return __dadd_rn(start, __dmul_rn(static_cast<double>(i), step));
 #else
-  return start + static_cast<double>(i) * step;
+  const volatile double product = static_cast<double>(i) * step;  // rounded on its own
+  return start + product;
 #endif
 }
 

@@ -68,6 +68,12 @@ AttentionGrads attention_backward_f64(const Tensor& g, const Tensor& q, const Te
   return {matmul(ds, k), matmul(ds.transpose(-1, -2), q), matmul(p.transpose(-1, -2), g)};
 }
 
+// A zero head dim (all scores 0: uniform weights) or value dim: the kernels need
+// rows of at least one element, so these shapes take the composite path (in F64).
+bool composite_only(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return q.dtype() == DType::F64 || ((q.size(-1) == 0 || v.size(-1) == 0) && q.numel() + k.numel() + v.numel() > 0);
+}
+
 // Rows the kernel can read: unit stride along the last dim, in the kernel's dtype.
 Tensor kernel_operand(const Tensor& t) {
   const Tensor c = t.to(kernel_dtype(t.dtype()));
@@ -95,7 +101,11 @@ Tensor empty_in_order_of(const Tensor& like, const Shape& shape, DType dtype) {
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                              std::optional<double> scale) {
   check_operands(q, k, v, kOp);
-  if (q.dtype() == DType::F64) return attention_f64(q, k, v, causal, scale_of(q, scale));
+  if (composite_only(q, k, v)) {
+    AttentionResult r = attention_f64(q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), causal, scale_of(q, scale));
+    r.out = r.out.to(q.dtype());
+    return r;
+  }
   const Tensor qk = kernel_operand(q), kk = kernel_operand(k), vk = kernel_operand(v);
   Shape out_shape = q.shape();
   out_shape.back() = v.size(-1);
@@ -122,8 +132,10 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   const Shape lse_shape(q.shape().begin(), q.shape().end() - 1);
   DT_CHECK_ARG(saved.lse.defined() && saved.lse.shape() == lse_shape && saved.lse.dtype() == DType::F32, op,
                "expected the saved lse of shape ", lse_shape, " and dtype f32");
-  if (q.dtype() == DType::F64) {
-    return attention_backward_f64(grad_out.to(DType::F64), q, k, v, causal, scale_of(q, scale));
+  if (composite_only(q, k, v)) {
+    AttentionGrads g = attention_backward_f64(grad_out.to(DType::F64), q.to(DType::F64), k.to(DType::F64),
+                                              v.to(DType::F64), causal, scale_of(q, scale));
+    return {g.grad_q.to(q.dtype()), g.grad_k.to(k.dtype()), g.grad_v.to(v.dtype())};
   }
   const Tensor qk = kernel_operand(q), kk = kernel_operand(k), vk = kernel_operand(v);
   const DType kd = qk.dtype();
