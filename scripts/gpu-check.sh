@@ -73,7 +73,7 @@ if ! command -v pkg-config >/dev/null && [ ! -x "${p:-/nonexistent}/usr/bin/pkgc
 fi
 
 # ---- build: the library, the CUDA tests and gpu_bench only ---------------------------
-targets=(dtensor test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_caching_allocator test_offset_calc
+targets=(dtensor test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_comm test_caching_allocator test_offset_calc
          test_gemm_layout test_row_ops gpu_bench)
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON \
@@ -95,7 +95,7 @@ say "## Tests"
 say ""
 test_rc=0
 : >"$out/tests.txt"
-for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_caching_allocator test_offset_calc \
+for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_comm test_caching_allocator test_offset_calc \
   test_gemm_layout test_row_ops; do
   # 90 s each keeps the whole check inside one device call even when a suite hangs.
   DTENSOR_REQUIRE_GPU=1 timeout 90 "$build/tests/$t" >"$build/$t.txt" 2>&1
