@@ -4,8 +4,11 @@
 // rounding), several dtypes and uneven sizes; a DistTensor matmul + sum with
 // autograd on a 2-rank mesh of CUDA tensors against one CPU rank; the errors for
 // tensors on different kinds of device. Skips with a message where no GPU is
-// visible; the combiners are the host reduction's (comm/reduce_ops.h), which the
-// CPU comm suites cover.
+// visible (except the last test, which runs only there: device buffers without a
+// GPU fail cleanly); the combiners are the host reduction's (comm/reduce_ops.h),
+// which the CPU comm suites cover.
+#include "comm/call_context.h"
+#include "dtensor/comm_backend.h"
 #include "dtensor/dist_tensor.h"
 #include "dtensor/group.h"
 #include "dtensor/ops.h"
@@ -201,5 +204,24 @@ TEST(CudaComm, TensorsOnDifferentKindsOfDeviceAreErrorsNamingThem) {
     if (world.rank() == 0) {
       EXPECT_THROW_MSG(send(world, g, 1), std::runtime_error, "send/recv of CUDA tensors is not supported");
     }
+  });
+}
+
+// Where no GPU is (or the build has no CUDA), a backend call told its buffers are on
+// a GPU fails on every rank before the rendezvous (no rank waits for another), with
+// the device named, and the group goes on working on the CPU.
+TEST(CudaComm, DeviceBuffersWithoutAGpuFailOnEveryRankBeforeAnyDataMoves) {
+  if (cuda_is_available()) GTEST_SKIP() << "a GPU is visible: the GPU tests above cover this path";
+  launch(2, [](Group world) {
+    float data[4] = {1, 2, 3, 4};
+    {
+      comm::BufferDeviceScope scope(Device::cuda(0));
+      EXPECT_THROW_MSG(world.impl()->all_reduce(data, data, 4, DType::F32, ReduceOp::Sum, false), std::runtime_error,
+                       "cuda:0");
+    }
+    Tensor x = Tensor::ones({4});
+    all_reduce_(world, x, ReduceOp::Sum);
+    EXPECT_TRUE(allclose(x, Tensor::full({4}, 2.0)));
+    EXPECT_EQ(data[0], 1.0f);  // untouched
   });
 }
