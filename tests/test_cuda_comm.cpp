@@ -63,7 +63,7 @@ TEST(CudaComm, AllReduceMatchesTheCpuBitForBit) {
         for (ReduceOp op : ops_for(t)) {
           const Tensor want = all_reduce(world, x, op);
           expect_identical(all_reduce(world, x.to(kGpu), op), want, label("all_reduce", t, n));
-          // In place, and into a non-contiguous output.
+          // In place.
           Tensor g = x.to(kGpu);
           all_reduce_(world, g, op);
           expect_identical(g, want, label("all_reduce_", t, n));
