@@ -4,7 +4,8 @@
 // count calls (comm_debug.h) and then call one method below on raw buffers.
 //
 // Buffer conventions of every method:
-// - Buffers are contiguous host memory; counts are in elements of `dtype`.
+// - Buffers are contiguous host memory (or device memory of a backend that
+//   accepts_cuda_buffers(), for the collectives but not send_recv); counts are in elements of `dtype`.
 // - "Row blocks" (all_gather, reduce_scatter): a tensor concatenated along dim d is
 //   seen as `outer` rows (the product of the dims before d); rank r owns
 //   counts[r] consecutive elements of every row, at column offset
@@ -76,6 +77,9 @@ class GroupImpl {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
   const std::string& name() const { return name_; }
+  // Whether the collectives take buffers in CUDA device memory (the public calls
+  // then name the device in a BufferDeviceScope, src/comm/call_context.h).
+  virtual bool accepts_cuda_buffers() const { return false; }
 
   // Collective; nullptr for a negative color.
   virtual std::shared_ptr<GroupImpl> split(int color, int key) = 0;

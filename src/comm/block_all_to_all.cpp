@@ -115,6 +115,10 @@ void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayou
                        const Tensor& output, const BlockLayout& recv) {
   const char* kOp = "all_to_all";
   GroupImpl& backend = check_input_output(group, input, output, kOp);
+  DT_CHECK_SUPPORTED(input.device().is_cpu(), kOp,
+                     "the strided-block exchange of CUDA tensors is not supported "
+                     "yet (",
+                     input.device().to_string(), "); use all_to_all on contiguous pieces");
   const int n = group.size();
   auto dense = [](const Tensor& t) { return t.is_contiguous() || t.numel() == 0; };
   DT_CHECK_ARG(dense(input) && dense(output), kOp, "block exchange needs contiguous tensors, got strides ",

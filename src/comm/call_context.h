@@ -10,11 +10,16 @@
 #include <string>
 #include <string_view>
 
+#include "dtensor/device.h"
+
 namespace dtensor::comm {
 
 struct CallContext {
   std::string_view user_call;
   std::string_view purpose;
+  // Where the buffers of the backend call being made lie (BufferDeviceScope): the
+  // threads backend moves CUDA buffers with device copies and kernels.
+  Device device = Device::cpu();
   static CallContext& current() {
     thread_local CallContext context;
     return context;
@@ -52,6 +57,21 @@ class InternalCallScope {
  private:
   UserCallScope call_;
   std::string_view previous_;
+};
+
+// The buffers handed to the backend in this scope lie on `device` (the public
+// collectives set it around the backend call; internal host exchanges stay CPU).
+class BufferDeviceScope {
+ public:
+  explicit BufferDeviceScope(Device device) : previous_(CallContext::current().device) {
+    CallContext::current().device = device;
+  }
+  ~BufferDeviceScope() { CallContext::current().device = previous_; }
+  BufferDeviceScope(const BufferDeviceScope&) = delete;
+  BufferDeviceScope& operator=(const BufferDeviceScope&) = delete;
+
+ private:
+  Device previous_;
 };
 
 }  // namespace dtensor::comm

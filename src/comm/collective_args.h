@@ -35,8 +35,15 @@ inline void begin_call(const char* op, const Group& group, int64_t bytes) {
 
 inline void check_tensor(const Group& group, const Tensor& t, const char* op, const char* what) {
   DT_CHECK_ARG(t.defined(), op, "expected a defined ", what, " tensor, got an undefined one");
-  DT_CHECK_SUPPORTED(t.device().is_cpu(), op, "the ", group.backend(), " backend needs CPU tensors, got ",
-                     what, " on ", t.device().to_string());
+  DT_CHECK_SUPPORTED(t.device().is_cpu() || (t.device().is_cuda() && group.impl()->accepts_cuda_buffers()), op, "the ",
+                     group.backend(), " backend needs CPU tensors, got ", what, " on ", t.device().to_string());
+}
+
+// Both tensors of one call on one device (no implicit copies between devices).
+inline void check_same_device(const Tensor& a, const Tensor& b, const char* op, const char* a_name,
+                              const char* b_name) {
+  DT_CHECK_ARG(a.device() == b.device(), op, a_name, " is on ", a.device().to_string(), " but ", b_name, " is on ",
+               b.device().to_string(), " (copy one with to(Device) first)");
 }
 
 inline void check_same_dtype(const Tensor& a, const Tensor& b, const char* op) {
@@ -56,6 +63,7 @@ inline GroupImpl& check_input_output(const Group& group, const Tensor& input, co
   check_tensor(group, input, op, "input");
   check_tensor(group, output, op, "output");
   check_same_dtype(input, output, op);
+  check_same_device(input, output, op, "input", "output");
   return backend;
 }
 
@@ -131,7 +139,7 @@ struct Output {
   bool needs_copy() const { return !user.is_contiguous(); }
 };
 inline Output writable(const Tensor& t) {
-  return t.is_contiguous() ? Output{t, t} : Output{t, Tensor::empty(t.shape(), t.dtype())};
+  return t.is_contiguous() ? Output{t, t} : Output{t, Tensor::empty(t.shape(), t.dtype(), t.device())};
 }
 
 // Keeps the tensors of an async call alive and copies results out once done.
@@ -175,9 +183,9 @@ class FinishingWork final : public WorkImpl {
 // Holds references to the caller's arguments: lives inside one collective call.
 class CallBuffers {
  public:
-  CallBuffers(const Tensor& input, const Tensor& output) : input_(input), output_(output) {
+  CallBuffers(const Tensor& input, const Tensor& output) : input_(input), output_(output), device_(input.device()) {
     if (!input.is_contiguous()) in_copy_ = input.contiguous();
-    if (!output.is_contiguous()) out_copy_ = Tensor::empty(output.shape(), output.dtype());
+    if (!output.is_contiguous()) out_copy_ = Tensor::empty(output.shape(), output.dtype(), output.device());
   }
   const Tensor& in() const { return in_copy_.defined() ? in_copy_ : input_; }
   const Tensor& out() const { return out_copy_.defined() ? out_copy_ : output_; }
@@ -218,6 +226,7 @@ class CallBuffers {
  private:
   const Tensor& input_;
   const Tensor& output_;
+  BufferDeviceScope device_;  // the backend call made in this object's lifetime sees the device
   Tensor in_copy_, out_copy_;
 };
 

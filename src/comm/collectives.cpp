@@ -137,7 +137,7 @@ Tensor all_reduce(const Group& group, const Tensor& input, ReduceOp op) {
     return input;
   }
   DT_CHECK_ARG(input.defined(), "all_reduce", "expected a defined input tensor, got an undefined one");
-  Tensor output = Tensor::empty(input.shape(), input.dtype());
+  Tensor output = Tensor::empty(input.shape(), input.dtype(), input.device());
   all_reduce_impl(group, input, output, op, false);
   return output;
 }
@@ -182,7 +182,7 @@ Tensor all_gather(const Group& group, const Tensor& input, int64_t dim,
   std::vector<int64_t> all = sizes.empty() ? exchange_sizes(group, "all_gather", input, d) : sizes;
   DT_CHECK_ARG(static_cast<int>(all.size()) == group.size(), "all_gather", "expected ",
                group.size(), " sizes (one per rank), got ", all.size());
-  Tensor output = Tensor::empty(with_dim(input.shape(), d, sum(all)), input.dtype());
+  Tensor output = Tensor::empty(with_dim(input.shape(), d, sum(all)), input.dtype(), input.device());
   all_gather_impl(group, input, output, d, all, false);
   return output;
 }
@@ -217,8 +217,11 @@ std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
   }
   begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
   Tensor in = input.contiguous();
-  Tensor flat = Tensor::empty({sum(counts)}, input.dtype());
-  backend.all_gather(in.data_ptr(), flat.data_ptr(), counts, 1, input.dtype(), false);
+  Tensor flat = Tensor::empty({sum(counts)}, input.dtype(), input.device());
+  {
+    BufferDeviceScope device(input.device());
+    backend.all_gather(in.data_ptr(), flat.data_ptr(), counts, 1, input.dtype(), false);
+  }
   std::vector<Tensor> result;
   int64_t offset = 0;
   for (int r = 0; r < n; ++r) {
@@ -246,7 +249,7 @@ Tensor reduce_scatter(const Group& group, const Tensor& input, ReduceOp op, int6
   const std::vector<int64_t> pieces = sizes.empty() ? chunk_sizes(input.size(d), n) : sizes;
   DT_CHECK_ARG(static_cast<int>(pieces.size()) == n, "reduce_scatter", "expected ", n,
                " sizes (one per rank), got ", pieces.size());
-  Tensor output = Tensor::empty(with_dim(input.shape(), d, pieces[group.rank()]), input.dtype());
+  Tensor output = Tensor::empty(with_dim(input.shape(), d, pieces[group.rank()]), input.dtype(), input.device());
   reduce_scatter_impl(group, input, output, op, d, pieces, false);
   return output;
 }
@@ -294,7 +297,7 @@ Tensor all_to_all(const Group& group, const Tensor& input, const std::vector<int
     }
   }
   const int64_t rows = recv.empty() ? input.size(0) : sum(recv);
-  Tensor output = Tensor::empty(with_dim(input.shape(), 0, rows), input.dtype());
+  Tensor output = Tensor::empty(with_dim(input.shape(), 0, rows), input.dtype(), input.device());
   all_to_all_impl(group, input, output, recv, input_split_sizes, false);
   return output;
 }

@@ -19,6 +19,8 @@ Work send_recv_impl(const Group& group, const std::vector<P2POp>& ops) {
     const bool is_send = op.kind == P2POp::Kind::Send;
     const char* name = is_send ? "send" : "recv";
     check_tensor(group, op.tensor, name, name);
+    DT_CHECK_SUPPORTED(op.tensor.device().is_cpu(), name, "send/recv of CUDA tensors is not supported yet (",
+                       op.tensor.device().to_string(), "); use a collective, or copy to the CPU first");
     DT_CHECK_ARG(op.peer >= 0 && op.peer < group.size(), name, "peer must be in [0, ",
                  group.size(), "), got ", op.peer);
     begin_call(name, group, static_cast<int64_t>(op.tensor.nbytes()));

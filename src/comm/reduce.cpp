@@ -12,6 +12,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "comm/reduce_ops.h"
 #include "dtensor/error.h"
 #include "util/check.h"
 
@@ -45,12 +46,7 @@ template <class T> struct Acc { using type = T; };
 template <> struct Acc<bf16> { using type = float; };
 template <> struct Acc<f16> { using type = float; };
 
-struct Sum { template <class A> A operator()(A a, A b) const { return a + b; } };
-struct Prod { template <class A> A operator()(A a, A b) const { return a * b; } };
-struct Max { template <class A> A operator()(A a, A b) const { return b > a ? b : a; } };
-struct Min { template <class A> A operator()(A a, A b) const { return b < a ? b : a; } };
-struct Or { bool operator()(bool a, bool b) const { return a || b; } };
-struct And { bool operator()(bool a, bool b) const { return a && b; } };
+using namespace reduce_ops;  // Sum, Prod, Max, Min, Or, And: shared with the CUDA kernel
 
 // The reduction loops are compiled twice, for AVX2 and for the baseline, and the
 // loader picks one per machine (GCC/Clang function multiversioning): the library

@@ -18,6 +18,7 @@ Work broadcast_impl(const Group& group, const Tensor& tensor, int root, bool asy
   if (group.size() == 1) return Work();
   Output out = writable(tensor);
   if (out.needs_copy()) out.buffer = tensor.contiguous();
+  BufferDeviceScope device(tensor.device());
   WorkPtr w = backend.broadcast(out.buffer.data_ptr(), tensor.numel(), tensor.dtype(), root, async);
   if (group.rank() == root) out.user = Tensor();  // nothing to copy back on the root
   return finish(std::move(w), {out.buffer}, out, async);
@@ -42,6 +43,7 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
   if (is_root) {
     check_tensor(group, output, kOp, "output");
     check_same_dtype(input, output, kOp);
+    check_same_device(input, output, kOp, "input", "output");
     const Shape expected = with_dim(input.shape(), 0, sum(sizes));
     check_output_shape(output, expected, kOp);
   }
@@ -50,6 +52,7 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
   Output out = is_root ? writable(output) : Output{};
   // The root copies every rank's input into its output: its own must not be in the way.
   if (is_root && memory_overlaps(in, out.buffer)) in = input.clone();
+  BufferDeviceScope device(input.device());
   WorkPtr w = backend.gather(in.data_ptr(), is_root ? out.buffer.data_ptr() : nullptr,
                              backend_counts(0, sizes, n, 0, row_elements(input, kOp)), in.dtype(), root, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
@@ -69,6 +72,7 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
   if (is_root) {
     check_tensor(group, input, kOp, "input");
     check_same_dtype(input, output, kOp);
+    check_same_device(input, output, kOp, "input", "output");
     const Shape expected = with_dim(output.shape(), 0, sum(sizes));
     DT_CHECK_ARG(input.shape() == expected, kOp, "root's input shape must be ", expected, ", got ",
                  input.shape());
@@ -82,6 +86,7 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
   Output out = writable(output);
   // Every rank reads the root's input while the root writes its output.
   if (is_root && memory_overlaps(in, out.buffer)) in = input.clone();
+  BufferDeviceScope device(output.device());
   WorkPtr w = backend.scatter(is_root ? in.data_ptr() : nullptr, out.buffer.data_ptr(),
                               backend_counts(0, sizes, n, 0, row_elements(output, kOp)), output.dtype(), root, async);
   return finish(std::move(w), {in, out.buffer}, out, async);
@@ -128,7 +133,8 @@ Tensor gather(const Group& group, const Tensor& input, int root) {
   }
   const std::vector<int64_t> sizes = exchange_sizes(group, kOp, input, 0);
   Tensor output;
-  if (group.rank() == root) output = Tensor::empty(with_dim(input.shape(), 0, sum(sizes)), input.dtype());
+  if (group.rank() == root)
+    output = Tensor::empty(with_dim(input.shape(), 0, sum(sizes)), input.dtype(), input.device());
   gather_impl(group, input, output, root, sizes, false);
   return output;
 }

@@ -6,6 +6,7 @@
 
 #include "comm/call_context.h"
 #include "comm/threads/algorithms.h"
+#include "comm/threads/device_collectives.h"
 #include "comm/threads/p2p.h"
 #include "dtensor/error.h"
 #include "util/check.h"
@@ -140,6 +141,7 @@ std::string CallDesc::to_string() const {
       if (kind == CallKind::Gather || kind == CallKind::Scatter) os << ", root " << root;
     }
   }
+  if (device.is_cuda()) os << ", on " << device.to_string();
   os << ")";
   if (!user_call.empty()) os << ")";
   return os.str();
@@ -379,6 +381,13 @@ void ThreadsGroup::enter_call() {
 void ThreadsGroup::check_same_call() {
   const int n = size();
   std::string mismatch;
+  // Buffers on the CPU on some ranks and on a GPU on others (several GPUs are fine).
+  for (int r = 1; r < n && mismatch.empty(); ++r) {
+    if (peer(r).device.type != peer(0).device.type) {
+      mismatch = detail::concat("rank 0 passed tensors on ", peer(0).device.to_string(), ", rank ", r, " on ",
+                                peer(r).device.to_string(), " (all ranks' tensors must be on the CPU or all on GPUs)");
+    }
+  }
   for (int r = 1; r < n && mismatch.empty(); ++r) {
     if (!same_call(peer(0), peer(r))) {
       mismatch = detail::concat("rank 0 called ", peer(0).to_string(), ", rank ", r, " called ",
@@ -484,6 +493,7 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
     queue_->tasks.push_back([self = shared_from_this(), desc, algorithm = std::move(algorithm), work] {
       try {
         self->run_now(*desc, algorithm);
+        if (desc->device_call) wait_device_call(*desc->device_call);  // done = the result is on the GPU
         work->finish(nullptr);
       } catch (...) {
         work->finish(std::current_exception());
@@ -583,12 +593,20 @@ std::shared_ptr<CallDesc> make_desc(CallKind kind, DType dtype, const void* in, 
   d->in = in;
   d->out = out;
   // Copied: an async call outlives the scope that named it.
-  if (const CallContext& context = CallContext::current(); !context.user_call.empty()) {
+  const CallContext& context = CallContext::current();
+  if (!context.user_call.empty()) {
     d->user_call = context.user_call;
     d->purpose = context.purpose;
   }
+  d->device = context.device;
+  // Recorded on the caller's stream now: an async call's buffers are ready then.
+  if (d->device.is_cuda() && kind != CallKind::Barrier) d->device_call = begin_device_call(d->device);
   return d;
 }
+
+// The host algorithm, or its CUDA twin for buffers on a GPU.
+using AlgorithmFn = void (*)(ThreadsGroup&);
+AlgorithmFn pick(const CallDesc& d, AlgorithmFn host, AlgorithmFn device) { return d.device.is_cuda() ? device : host; }
 }  // namespace
 
 WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType dtype,
@@ -596,7 +614,7 @@ WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType
   auto d = make_desc(CallKind::AllReduce, dtype, in, out);
   d->count = count;
   d->op = op;
-  return run(d, async, all_reduce_owner);
+  return run(d, async, pick(*d, all_reduce_owner, device_all_reduce));
 }
 
 WorkPtr ThreadsGroup::all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
@@ -604,7 +622,7 @@ WorkPtr ThreadsGroup::all_gather(const void* in, void* out, const std::vector<in
   auto d = make_desc(CallKind::AllGather, dtype, in, out);
   d->counts = counts;
   d->outer = outer;
-  return run(d, async, all_gather_direct);
+  return run(d, async, pick(*d, all_gather_direct, device_all_gather));
 }
 
 WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
@@ -613,7 +631,7 @@ WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vecto
   d->counts = counts;
   d->outer = outer;
   d->op = op;
-  return run(d, async, reduce_scatter_direct);
+  return run(d, async, pick(*d, reduce_scatter_direct, device_reduce_scatter));
 }
 
 WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
@@ -623,7 +641,7 @@ WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& sen
   d->counts = send_counts;
   d->recv_counts = recv_counts;
   d->equal_splits = equal_splits;
-  return run(d, async, all_to_all_direct);
+  return run(d, async, pick(*d, all_to_all_direct, device_all_to_all));
 }
 
 void ThreadsGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
@@ -642,7 +660,7 @@ WorkPtr ThreadsGroup::broadcast(void* data, int64_t count, DType dtype, int root
   auto d = make_desc(CallKind::Broadcast, dtype, data, data);
   d->count = count;
   d->root = root;
-  return run(d, async, broadcast_direct);
+  return run(d, async, pick(*d, broadcast_direct, device_broadcast));
 }
 
 WorkPtr ThreadsGroup::gather(const void* in, void* out, const std::vector<int64_t>& counts,
@@ -650,7 +668,7 @@ WorkPtr ThreadsGroup::gather(const void* in, void* out, const std::vector<int64_
   auto d = make_desc(CallKind::Gather, dtype, in, out);
   d->counts = counts;
   d->root = root;
-  return run(d, async, gather_direct);
+  return run(d, async, pick(*d, gather_direct, device_gather));
 }
 
 WorkPtr ThreadsGroup::scatter(const void* in, void* out, const std::vector<int64_t>& counts,
@@ -658,7 +676,7 @@ WorkPtr ThreadsGroup::scatter(const void* in, void* out, const std::vector<int64
   auto d = make_desc(CallKind::Scatter, dtype, in, out);
   d->counts = counts;
   d->root = root;
-  return run(d, async, scatter_direct);
+  return run(d, async, pick(*d, scatter_direct, device_scatter));
 }
 
 WorkPtr ThreadsGroup::barrier(bool async) {

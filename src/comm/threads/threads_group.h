@@ -27,11 +27,13 @@
 
 #include "comm/threads/signal.h"
 #include "dtensor/comm_backend.h"
+#include "dtensor/device.h"
 
 namespace dtensor::comm::threads {
 
 struct Shared;
 struct P2PRequest;
+struct DeviceCall;  // device_collectives.h
 
 // One `launch`: the first failure, the ranks that are done, what each rank's own
 // thread waits for, and everything to wake when one of them changes.
@@ -125,6 +127,10 @@ struct CallDesc {
   const BlockLayout* send_blocks = nullptr;
   const BlockLayout* recv_blocks = nullptr;
   int color = 0, key = 0;                             // split
+  // Where the buffers lie (CPU, or a GPU: then device_call holds the rank's stream
+  // and events for the call, device_collectives.h).
+  Device device = Device::cpu();
+  std::shared_ptr<DeviceCall> device_call;
   // The user-level call this one serves, when it is not the call itself
   // ("redistribute S(0)->R"), and its part in it ("size exchange"); call_context.h.
   std::string user_call, purpose;
@@ -195,6 +201,7 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   int rank() const override { return rank_; }
   int size() const override { return shared_->size; }
   std::string backend() const override { return "threads"; }
+  bool accepts_cuda_buffers() const override { return true; }
   std::shared_ptr<GroupImpl> split(int color, int key) override;
 
   WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
