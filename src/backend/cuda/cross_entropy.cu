@@ -88,8 +88,8 @@ void launch_cross_entropy(DType dtype, DType target_dtype, const CrossEntropyRow
 }
 
 void launch_cross_entropy_backward(DType dtype, DType target_dtype, const CrossEntropyRows& shape,
-                                   const double* grad_rows, const void* logits, const void* targets,
-                                   void* grad_logits, void* stream) {
+                                   const double* grad_rows, const void* logits, const void* targets, void* grad_logits,
+                                   void* stream) {
   if (shape.rows == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min(shape.rows, kMaxBlocks));
   rows::visit_float(dtype, "cross_entropy_backward", [&](auto e) {
