@@ -69,7 +69,8 @@ DistTensor composite(const DistTensor& q, const DistTensor& k, const DistTensor&
     // Query i sees keys j <= i (top-left aligned, as PyTorch's is_causal). The mask
     // is small and built on every rank: a replicated operand costs nothing to chunk.
     const int64_t queries = q.size(-2), keys = k.size(-2);
-    const Tensor allowed = le(Tensor::arange(keys).unsqueeze(0), Tensor::arange(queries).unsqueeze(1));
+    const Tensor allowed = le(Tensor::arange(keys, DType::I64, q.device()).unsqueeze(0),
+                              Tensor::arange(queries, DType::I64, q.device()).unsqueeze(1));
     const Placements replicated(static_cast<size_t>(mesh.ndim()), Replicate());
     const DistTensor masked_value =
         full({}, -std::numeric_limits<double>::infinity(), mesh, replicated, scores.dtype());

@@ -1,6 +1,8 @@
 // Shared machinery of the op families: einsum-driven dispatch and broadcasting.
 #include "ops/op_helpers.h"
 
+#include "util/check.h"
+
 namespace dtensor::ops {
 
 std::string letters(int64_t ndim) {
@@ -63,8 +65,18 @@ DistTensor cast(const DistTensor& a, DType dtype) {
   });
 }
 
+DistTensor to_device(const DistTensor& a, Device device) {
+  DT_CHECK_ARG(a.defined(), "to(Device)", "expected a defined DistTensor, got an undefined one");
+  if (a.device() == device) return a;
+  DistTensor out = DistTensor::from_local(a.to_local().to(device), a.mesh(), a.placements(), a.shape());
+  const Device from = a.device();
+  return with_grad(out, "to_device", {a},
+                   [from](const std::vector<DistTensor>& g) { return std::vector<DistTensor>{to_device(g[0], from)}; });
+}
+
 }  // namespace dtensor::ops
 
 namespace dtensor {
 DistTensor DistTensor::to(DType dtype) const { return ops::cast(*this, dtype); }
+DistTensor DistTensor::to(Device device) const { return ops::to_device(*this, device); }
 }  // namespace dtensor

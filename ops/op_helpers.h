@@ -49,6 +49,10 @@ DistTensor sum_to(const DistTensor& grad, const Shape& shape);
 // The same values in another dtype (placements unchanged).
 DistTensor cast(const DistTensor& a, DType dtype);
 
+// The same values on another device (placements unchanged): a local copy on every
+// rank, no communication.
+DistTensor to_device(const DistTensor& a, Device device);
+
 // Records a single-output op's backward.
 inline DistTensor with_grad(DistTensor out, const std::string& name, const std::vector<DistTensor>& inputs,
                             autograd::BackwardFn backward) {

@@ -111,6 +111,9 @@ class DistTensor {
   DistTensor t() const { return transpose(0, 1); }
   DistTensor reshape(const Shape& shape) const;
   DistTensor to(DType dtype) const;
+  // The same values on another device (the mesh and placements unchanged; self if
+  // already there). Differentiable: the gradient is copied back to this device.
+  DistTensor to(Device device) const;
 
   struct Impl;
   struct AutogradMeta;

@@ -34,7 +34,8 @@ DistTensor GPT::forward(const DistTensor& ids) {
                ids.shape(), " of ", dtype_name(ids.dtype()));
   const int64_t t = ids.size(1);
   DT_CHECK_ARG(t <= config_.block_size, "GPT", "sequence length ", t, " exceeds block_size ", config_.block_size);
-  const DistTensor positions = distribute(Tensor::arange(t), mesh_, Placements(mesh_.ndim(), Replicate()));
+  const DistTensor positions =
+      distribute(Tensor::arange(t, DType::I64, ids.device()), mesh_, Placements(mesh_.ndim(), Replicate()));
   DistTensor x = (*dropout_)(add((*tokens_)(ids), (*positions_)(positions)));
   for (const auto& block : blocks_) x = config_.checkpoint_activations ? checkpoint(*block, x) : (*block)(x);
   x = (*norm_)(x);

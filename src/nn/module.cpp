@@ -136,6 +136,13 @@ DistTensor& Module::checked_slot(const std::string& dotted_name, const DistTenso
   throw std::invalid_argument(std::string("[") + op + "] no parameter named '" + dotted_name + "'");
 }
 
+Module& Module::to(Device device) {
+  for (const auto& [name, p] : named_parameters()) {
+    if (p.device() != device) set_parameter(name, p.detach().to(device));
+  }
+  return *this;
+}
+
 void Module::set_parameter(const std::string& dotted_name, const DistTensor& value) {
   DistTensor& p = checked_slot(dotted_name, value, "set_parameter");
   p = value.detach();

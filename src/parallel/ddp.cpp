@@ -93,8 +93,8 @@ void DistributedDataParallel::launch(size_t b) {
     }
   }
   if (bucket.packed.empty()) return;
-  const DType dtype = state_->params[bucket.packed[0]].grad().dtype();
-  bucket.buffer = Tensor::empty({total}, dtype);
+  const DistTensor& first = state_->params[bucket.packed[0]].grad();
+  bucket.buffer = Tensor::empty({total}, first.dtype(), first.device());
   int64_t offset = 0;
   for (size_t k : bucket.packed) {
     const Tensor& local = state_->params[k].grad().to_local();

@@ -199,7 +199,8 @@ DistTensor GPTStage::forward(const DistTensor& input) {
                  x.shape(), " of ", dtype_name(x.dtype()));
     const int64_t t = x.size(1);
     DT_CHECK_ARG(t <= config_.block_size, kOp, "sequence length ", t, " exceeds block_size ", config_.block_size);
-    const DistTensor positions = distribute(Tensor::arange(t), mesh_, Placements(mesh_.ndim(), Replicate()));
+    const DistTensor positions =
+        distribute(Tensor::arange(t, DType::I64, x.device()), mesh_, Placements(mesh_.ndim(), Replicate()));
     x = (*dropout_)(add((*tokens_)(x), (*positions_)(positions)));
   } else {
     DT_CHECK_ARG(x.dim() == 3 && x.size(2) == config_.dim, kOp, "stage blocks [", layers_.first, ", ", layers_.end,

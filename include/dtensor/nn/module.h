@@ -56,6 +56,11 @@ class Module {
 
   // Drops every parameter's gradient.
   void zero_grad();
+  // Moves every parameter to `device` (layouts and values unchanged; each stays a
+  // leaf that requires grad), as PyTorch's module.to(device). Gradients are
+  // dropped: move the model before wrapping it in a parallel module or building its
+  // optimizer, whose state follows the parameters' device. Returns *this.
+  Module& to(Device device);
 
   void train(bool on = true);
   void eval() { train(false); }

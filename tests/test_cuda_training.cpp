@@ -1,0 +1,147 @@
+// DistTensors, autograd and training on the GPU (label cuda): DistTensor::to(Device)
+// and its gradient, nn::Module::to(Device), and GPT training on one GPU, one rank and
+// DDP with two ranks sharing it, against the same training on the CPU. Skips with a
+// message where no GPU is visible, except the checks that need none.
+#include "dtensor/data.h"
+#include "dtensor/nn/gpt.h"
+#include "dtensor/optim.h"
+#include "dtensor/parallel/ddp.h"
+#include "dtensor/parallel/trainer.h"
+#include "test_helpers.h"
+
+using namespace dtensor;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+nn::GPTConfig tiny() {
+  nn::GPTConfig c;
+  c.vocab = 16;
+  c.block_size = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.dim = 16;
+  c.bias = false;  // as test_train: the key bias's zero gradient would be AdamW-normalised noise
+  return c;
+}
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> params;  // on the CPU
+};
+
+// `steps` steps of AdamW with a global batch of 8, data parallel over `world` ranks,
+// the model and the batches on `device`.
+RunResult train(int world, Device device, int steps) {
+  RunResult result;
+  const nn::GPTConfig config = tiny();
+  const int64_t global_batch = 8;
+  launch(world, [&](Group g) {
+    DeviceMesh mesh(g, {world}, {"dp"});
+    SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
+    DistributedSampler sampler(data.size(), global_batch, mesh.coordinate(0), world, 5, true, 1);
+    nn::GPT model(mesh, config, 42);
+    model.to(device);
+    parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = 0.001});
+    AdamW optimizer(model.parameters(), 1e-2);
+    parallel::Trainer trainer(optimizer, {.sync = &ddp});
+    const Shape batch_shape{global_batch, config.block_size};
+    std::vector<double> losses;
+    for (int step = 0; step < steps; ++step) {
+      const parallel::StepReport report = trainer.step(step, [&](int64_t m) {
+        const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, m));
+        const DistTensor ids = DistTensor::from_local(batch.inputs.to(device), mesh, {Shard(0)}, batch_shape);
+        const DistTensor targets = DistTensor::from_local(batch.targets.to(device), mesh, {Shard(0)}, batch_shape);
+        return model.loss(ids, targets);
+      });
+      losses.push_back(report.stats.loss);
+    }
+    for (const auto& [name, p] : model.named_parameters()) {
+      EXPECT_EQ(p.device(), device) << name;
+    }
+    std::map<std::string, Tensor> params;
+    for (const auto& [name, t] : model.state_dict()) params[name] = t.to(Device::cpu());
+    if (g.rank() == 0) {
+      result.losses = losses;
+      result.params = params;
+    }
+  });
+  return result;
+}
+
+void expect_same_training(const RunResult& a, const RunResult& b, double rtol, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], b.losses[i], rtol * std::fabs(b.losses[i])) << what << " step " << i;
+  }
+  for (const auto& [name, t] : b.params) {
+    ASSERT_TRUE(a.params.count(name)) << name;
+    EXPECT_TRUE(allclose(a.params.at(name), t, rtol, 1e-5))
+        << what << " parameter " << name << ": " << compare(a.params.at(name), t, rtol, 1e-5).to_string();
+  }
+}
+
+}  // namespace
+
+TEST(ModuleTo, TheSameDeviceKeepsTheParameters) {
+  // Runs everywhere: moving to where the parameters are copies nothing.
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    nn::GPT model(mesh, tiny(), 42);
+    std::vector<const void*> before;
+    for (const DistTensor& p : model.parameters()) before.push_back(p.to_local().data_ptr());
+    model.to(Device::cpu());
+    const std::vector<DistTensor> after = model.parameters();
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < after.size(); ++i) {
+      EXPECT_EQ(after[i].to_local().data_ptr(), before[i]);
+      EXPECT_TRUE(after[i].requires_grad() && after[i].is_leaf());
+    }
+  });
+}
+
+TEST(ModuleTo, AGpuWhereThereIsNoneFailsOnTheCopy) {
+  if (cuda_is_available()) GTEST_SKIP() << "a GPU is visible: the no-GPU error path cannot be reached";
+  if (std::getenv("DTENSOR_REQUIRE_GPU")) FAIL() << "DTENSOR_REQUIRE_GPU is set but no GPU is visible";
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    nn::GPT model(mesh, tiny(), 42);
+    EXPECT_THROW(model.to(kGpu), std::exception);
+    const DistTensor x = ones({2}, mesh, {Replicate()});
+    EXPECT_THROW(x.to(kGpu), std::exception);
+  });
+}
+
+TEST(DistTensorToDevice, TheGradientReturnsToTheSourceDevice) {
+  REQUIRE_GPU();
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    const Tensor full = Tensor::arange(-3.0, 5.0, 1.0).reshape({2, 4});
+    DistTensor x = distribute(full, mesh, {Shard(1)});
+    x.set_requires_grad(true);
+    const DistTensor y = x.to(kGpu);
+    ASSERT_EQ(y.device(), kGpu);
+    EXPECT_EQ(y.placements(), x.placements());
+    EXPECT_EQ(y.grad_fn_name(), "to_device");
+    sum(mul(y, y)).backward();
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().device(), Device::cpu());
+    EXPECT_TRUE(allclose(x.grad().full_tensor(), mul(full, 2.0), 0, 0));
+    EXPECT_TRUE(allclose(y.to(Device::cpu()).full_tensor(), full, 0, 0));
+  });
+}
+
+TEST(ModuleTo, GptTrainsOnOneGpuAsOnTheCpu) {
+  REQUIRE_GPU();
+  const RunResult cpu = train(1, Device::cpu(), 6);
+  ASSERT_LT(cpu.losses.back(), cpu.losses.front()) << "the loss should fall";
+  // Different summation orders (cuBLAS, the row kernels) under AdamW's normalisation.
+  expect_same_training(train(1, kGpu, 6), cpu, 1e-4, "one rank on the GPU");
+}
+
+TEST(ModuleTo, DdpWithTwoRanksOnOneGpuMatchesTheCpu) {
+  REQUIRE_GPU();
+  const RunResult cpu = train(1, Device::cpu(), 6);
+  expect_same_training(train(2, kGpu, 6), cpu, 1e-4, "DDP=2 on one GPU");
+}
