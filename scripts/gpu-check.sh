@@ -8,8 +8,9 @@
 # What the machine lacks (GoogleTest, OpenBLAS, nlohmann-json, CLI11) comes from
 # .gpu-deps/debs, prepared beforehand by scripts/gpu-prepare.sh and carried along
 # (carry .gpu-deps/debs only: 13 MB); the packages are unpacked into the build
-# folder, nothing is installed. $OUT gets three files: gpu-check.md (the summary),
-# tests.txt (every test program's output) and gpu-check.log (configure and build).
+# folder, nothing is installed. $OUT gets gpu-check.md (the summary), tests.txt
+# (every test program's output), gpu-check.log (configure and build) and
+# gpu-bench.json (gpu_bench's headline figures).
 #   bash scripts/gpu-check.sh            # about 2-3 minutes on 16 cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,7 +114,8 @@ done
 say ""
 say "## gpu_bench"
 say ""
-timeout 150 "$build/bench/gpu_bench" "$build/gpu-bench.md" >>"$log" 2>&1
+# The table is rewritten after every section, so a timeout keeps what was measured.
+timeout 200 "$build/bench/gpu_bench" "$build/gpu-bench.md" "$out/gpu-bench.json" >>"$log" 2>&1
 bench_rc=$?
 if [ -f "$build/gpu-bench.md" ]; then cat "$build/gpu-bench.md" | tee -a "$summary"; else say "gpu_bench FAILED (rc $bench_rc)"; fi
 say ""
