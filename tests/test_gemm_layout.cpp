@@ -2,7 +2,7 @@
 // checked on the CPU: the plan is run through a reference column-major strided-
 // batched GEMM with BLAS semantics (op, ld, batch stride, exactly what cuBLASLt
 // receives) and compared with the CPU's matmul, for contiguous, transposed,
-// sliced and batch-broadcast operands.
+// sliced and batch-broadcast operands; and the key of the plan cache.
 #include "backend/gemm_layout.h"
 #include "test_helpers.h"
 
@@ -75,4 +75,63 @@ TEST(GemmLayout, SlicedRowsBroadcastBatchesAndSizeOneDims) {
 TEST(GemmLayout, NeitherRowsNorColumnsContiguousNeedsACopy) {
   Tensor a = gaussian({1, 6, 8}, 12).slice(2, 0, 8, 2);  // column stride 2
   expect_plan_matches_matmul(a, gaussian({1, 4, 3}, 13), false);
+}
+
+TEST(GemmLayout, PointerAlignmentIsTheLargestPowerOfTwoUpTo256) {
+  using dtensor::backend::pointer_alignment;
+  alignas(512) static unsigned char buffer[1024];
+  EXPECT_EQ(pointer_alignment(buffer), 256u);
+  EXPECT_EQ(pointer_alignment(buffer + 256), 256u);
+  EXPECT_EQ(pointer_alignment(buffer + 128), 128u);
+  EXPECT_EQ(pointer_alignment(buffer + 2), 2u);
+  EXPECT_EQ(pointer_alignment(buffer + 6), 2u);
+  EXPECT_EQ(pointer_alignment(buffer + 12), 4u);
+  EXPECT_EQ(pointer_alignment(buffer + 1), 1u);
+}
+
+TEST(GemmLayout, TheCacheKeyTellsApartEveryCallThatNeedsOtherDescriptors) {
+  // The cuBLASLt plan cache reuses descriptors and an algorithm for equal keys: a
+  // field missing from the key would run one call with another's algorithm.
+  using dtensor::backend::gemm_key;
+  using dtensor::backend::GemmKey;
+  using dtensor::backend::GemmKeyHash;
+  alignas(512) static unsigned char buffer[4096];
+  const void* a = buffer;
+  const void* b = buffer + 1024;
+  const void* out = buffer + 2048;
+  GemmPlan base;
+  const int64_t a_strides[3] = {12, 4, 1}, b_strides[3] = {20, 5, 1};
+  ASSERT_TRUE(make_gemm_plan(2, 3, 5, 4, a_strides, b_strides, base));
+  const GemmKey key = gemm_key(base, 0, false, 0, a, b, out);
+  EXPECT_TRUE(key == gemm_key(base, 0, false, 0, buffer + 256, buffer + 512, buffer + 768))
+      << "pointers of the same alignment share a plan";
+  std::vector<GemmKey> others;
+  auto changed = [&](auto&& edit) {
+    GemmPlan p = base;
+    edit(p);
+    others.push_back(gemm_key(p, 0, false, 0, a, b, out));
+  };
+  changed([](GemmPlan& p) { p.m += 1; });
+  changed([](GemmPlan& p) { p.n += 1; });
+  changed([](GemmPlan& p) { p.k += 1; });
+  changed([](GemmPlan& p) { p.batch += 1; });
+  changed([](GemmPlan& p) { p.a.transpose = !p.a.transpose; });
+  changed([](GemmPlan& p) { p.a.ld += 1; });
+  changed([](GemmPlan& p) { p.a.batch_stride = 0; });
+  changed([](GemmPlan& p) { p.b.transpose = !p.b.transpose; });
+  changed([](GemmPlan& p) { p.b.ld += 1; });
+  changed([](GemmPlan& p) { p.b.batch_stride = 0; });
+  changed([](GemmPlan& p) { p.ldc += 1; });
+  changed([](GemmPlan& p) { p.batch_stride_c += 1; });
+  others.push_back(gemm_key(base, 2, false, 0, a, b, out));  // dtype
+  others.push_back(gemm_key(base, 0, true, 0, a, b, out));   // TF32
+  others.push_back(gemm_key(base, 0, false, 1, a, b, out));  // device
+  others.push_back(gemm_key(base, 0, false, 0, buffer + 2, b, out));
+  others.push_back(gemm_key(base, 0, false, 0, a, buffer + 1028, out));
+  others.push_back(gemm_key(base, 0, false, 0, a, b, buffer + 2056));
+  const GemmKeyHash hash;
+  for (size_t i = 0; i < others.size(); ++i) {
+    EXPECT_FALSE(others[i] == key) << "change " << i << " keeps the key";
+    EXPECT_NE(hash(others[i]), hash(key)) << "change " << i << " keeps the hash";
+  }
 }

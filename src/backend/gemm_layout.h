@@ -10,6 +10,7 @@
 // needs a contiguous copy first.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace dtensor::backend {
@@ -65,5 +66,45 @@ inline bool make_gemm_plan(int64_t batch, int64_t m, int64_t n, int64_t k, const
   return blas_operand(k, n, b_strides[1], b_strides[2], b_strides[0], plan.a) &&
          blas_operand(m, k, a_strides[1], a_strides[2], a_strides[0], plan.b);
 }
+
+// The largest power of two up to 256 that divides the address: the alignment
+// cuBLASLt's heuristic is told a pointer has (it assumes 256 bytes otherwise).
+inline uint32_t pointer_alignment(const void* ptr) {
+  uint32_t bytes = 256;
+  while (bytes > 1 && reinterpret_cast<uintptr_t>(ptr) % bytes != 0) bytes /= 2;
+  return bytes;
+}
+
+// Everything that decides a cuBLASLt call's descriptors and algorithm: the plan,
+// the dtype, the compute mode (TF32 or not), the device and each pointer's
+// alignment. Calls with equal keys reuse one cached set of descriptors and the
+// heuristic's choice (a heuristic query costs about as much as a small GEMM).
+struct GemmKey {
+  static constexpr size_t kFields = 16;
+  int64_t fields[kFields] = {};
+  bool operator==(const GemmKey& other) const {
+    for (size_t i = 0; i < kFields; ++i) {
+      if (fields[i] != other.fields[i]) return false;
+    }
+    return true;
+  }
+};
+
+inline GemmKey gemm_key(const GemmPlan& p, int dtype, bool tf32, int device, const void* a, const void* b,
+                        const void* out) {
+  return GemmKey{
+      {p.m, p.n, p.k, p.batch, p.a.transpose, p.a.ld, p.a.batch_stride, p.b.transpose, p.b.ld, p.b.batch_stride, p.ldc,
+       p.batch_stride_c, dtype, tf32, device,
+       // the three alignments in one field: each is a power of two <= 256
+       int64_t{pointer_alignment(a)} | int64_t{pointer_alignment(b)} << 16 | int64_t{pointer_alignment(out)} << 32}};
+}
+
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& key) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    for (int64_t v : key.fields) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
 
 }  // namespace dtensor::backend

@@ -2,14 +2,19 @@
 // accumulation; FP32 on TF32 tensor cores when cuda::set_allow_tf32(true)). The
 // row-major to column-major mapping is backend/gemm_layout.h (tested on the CPU);
 // operands in neither layout are copied contiguous first. Runs on the calling
-// thread's current stream, with its workspace from the caching allocator.
+// thread's current stream, with its workspace from the caching allocator. Each
+// thread keeps the descriptors and the heuristic's algorithm of the calls it has
+// made (keyed by backend::GemmKey), so a training step's repeated shapes query the
+// heuristic once.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
@@ -56,8 +61,11 @@ cublasLtHandle_t handle(int device) {
   return h;
 }
 
-// Owns the descriptors of one call.
+// Owns the descriptors of one call shape.
 struct Descriptors {
+  Descriptors() = default;
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
@@ -83,6 +91,74 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, uint64_t rows, uint64_t cols,
              "cublasLtMatrixLayoutSetAttribute");
   }
   return l;
+}
+
+// The descriptors of a call and the heuristic's first algorithm for them.
+struct Plan {
+  Descriptors d;
+  cublasLtMatmulHeuristicResult_t result{};
+};
+
+// Fills `plan` for `p` (throws, caching nothing, when no algorithm fits).
+void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, cublasComputeType_t compute,
+              cudaDataType_t scale, const void* a, const void* b, const void* out, int device) {
+  Descriptors& d = plan.d;
+  check_lt(cublasLtMatmulDescCreate(&d.op, compute, scale), "cublasLtMatmulDescCreate");
+  const cublasOperation_t ta = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t tb = p.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+           "cublasLtMatmulDescSetAttribute");
+  check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+           "cublasLtMatmulDescSetAttribute");
+  // BLAS computes C (n x m) = op(A) (n x k) op(B) (k x m); layouts are of the stored
+  // matrices, before op.
+  const auto bn = static_cast<uint64_t>(p.n), bm = static_cast<uint64_t>(p.m), bk = static_cast<uint64_t>(p.k);
+  d.a = p.a.transpose ? layout(type, bk, bn, p.a.ld, p.batch, p.a.batch_stride)
+                      : layout(type, bn, bk, p.a.ld, p.batch, p.a.batch_stride);
+  d.b = p.b.transpose ? layout(type, bm, bk, p.b.ld, p.batch, p.b.batch_stride)
+                      : layout(type, bk, bm, p.b.ld, p.batch, p.b.batch_stride);
+  d.c = layout(type, bn, bm, p.ldc, p.batch, p.batch_stride_c);
+  check_lt(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+  const uint64_t workspace_bytes = kWorkspace;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                sizeof workspace_bytes),
+           "cublasLtMatmulPreferenceSetAttribute");
+  // The heuristic assumes 256-byte aligned operands unless told otherwise, and views
+  // (a row slice, select(0, i)) start anywhere: an algorithm that needs more alignment
+  // than it gets fails or faults, so each pointer's own alignment is passed. In BLAS
+  // terms A is b, B is a, and C = D is out (row-major swap above).
+  const auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* ptr) {
+    const uint32_t bytes = pointer_alignment(ptr);
+    check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof bytes),
+             "cublasLtMatmulPreferenceSetAttribute");
+  };
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b);
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a);
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, out);
+  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, out);
+  int found = 0;
+  const cublasStatus_t heuristic =
+      cublasLtMatmulAlgoGetHeuristic(handle(device), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &plan.result, &found);
+  // No algorithm for these layouts is NOT_SUPPORTED (or nothing found): say so plainly.
+  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED)
+    found = 0;
+  else
+    check_lt(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  DT_CHECK_SUPPORTED(found > 0, "matmul", "cuBLASLt has no algorithm for ", dtype_name(dtype), " [", p.batch, ", ", p.m,
+                     ", ", p.k, "] @ [", p.k, ", ", p.n, "]");
+}
+
+// This thread's plan for `key`, made by `make` on first use. The cache is bounded
+// (training reuses a few dozen shapes; a sweep over shapes starts it afresh).
+template <class Make>
+const Plan& cached_plan(const GemmKey& key, Make&& make) {
+  constexpr size_t kMaxPlans = 1024;
+  thread_local std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans;
+  auto it = plans.find(key);
+  if (it != plans.end()) return *it->second;
+  std::unique_ptr<Plan> made = make();
+  if (plans.size() >= kMaxPlans) plans.clear();
+  return *plans.emplace(key, std::move(made)).first->second;
 }
 
 }  // namespace
@@ -114,53 +190,15 @@ void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* ou
           detail::concat("[matmul] no CUDA matmul for ", dtype_name(dtype), " (cuBLASLt takes f32, f64, bf16, f16)"));
   }
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
-  Descriptors d;
-  check_lt(cublasLtMatmulDescCreate(&d.op, compute, scale), "cublasLtMatmulDescCreate");
-  const cublasOperation_t ta = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t tb = p.b.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
-           "cublasLtMatmulDescSetAttribute");
-  check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
-           "cublasLtMatmulDescSetAttribute");
-  // BLAS computes C (n x m) = op(A) (n x k) op(B) (k x m); layouts are of the stored
-  // matrices, before op.
-  const auto bn = static_cast<uint64_t>(p.n), bm = static_cast<uint64_t>(p.m), bk = static_cast<uint64_t>(p.k);
-  d.a = p.a.transpose ? layout(type, bk, bn, p.a.ld, p.batch, p.a.batch_stride)
-                      : layout(type, bn, bk, p.a.ld, p.batch, p.a.batch_stride);
-  d.b = p.b.transpose ? layout(type, bm, bk, p.b.ld, p.batch, p.b.batch_stride)
-                      : layout(type, bk, bm, p.b.ld, p.batch, p.b.batch_stride);
-  d.c = layout(type, bn, bm, p.ldc, p.batch, p.batch_stride_c);
-  check_lt(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
-  const uint64_t workspace_bytes = kWorkspace;
-  check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                sizeof workspace_bytes),
-           "cublasLtMatmulPreferenceSetAttribute");
-  // The heuristic assumes 256-byte aligned operands unless told otherwise, and views
-  // (a row slice, select(0, i)) start anywhere: an algorithm that needs more alignment
-  // than it gets fails or faults, so each pointer's own alignment is passed. In BLAS
-  // terms A is b, B is a, and C = D is out (row-major swap above).
-  const auto set_alignment = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* ptr) {
-    uint32_t bytes = 256;
-    while (bytes > 1 && reinterpret_cast<uintptr_t>(ptr) % bytes != 0) bytes /= 2;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(d.pref, attribute, &bytes, sizeof bytes),
-             "cublasLtMatmulPreferenceSetAttribute");
-  };
-  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b);
-  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a);
-  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, out);
-  set_alignment(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, out);
+  const Plan& plan = cached_plan(
+      gemm_key(p, static_cast<int>(dtype), compute == CUBLAS_COMPUTE_32F_FAST_TF32, device, a, b, out), [&] {
+        auto made = std::make_unique<Plan>();
+        describe(*made, p, dtype, type, compute, scale, a, b, out, device);
+        return made;
+      });
+  const Descriptors& d = plan.d;
+  const cublasLtMatmulHeuristicResult_t& result = plan.result;
   cublasLtHandle_t h = handle(device);
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
-  const cublasStatus_t heuristic =
-      cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
-  // No algorithm for these layouts is NOT_SUPPORTED (or nothing found): say so plainly.
-  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED)
-    found = 0;
-  else
-    check_lt(heuristic, "cublasLtMatmulAlgoGetHeuristic");
-  DT_CHECK_SUPPORTED(found > 0, "matmul", "cuBLASLt has no algorithm for ", dtype_name(dtype), " [", p.batch, ", ", p.m,
-                     ", ", p.k, "] @ [", p.k, ", ", p.n, "]");
   // The workspace is stream-ordered like any tensor: freed right after the launch,
   // reused only by later work on this stream.
   void* workspace = result.workspaceSize > 0 ? allocate(device, result.workspaceSize) : nullptr;
