@@ -1,11 +1,13 @@
 // DistTensors, autograd and training on the GPU (label cuda): DistTensor::to(Device)
-// and its gradient, nn::Module::to(Device), and GPT training on one GPU, one rank and
-// DDP with two ranks sharing it, against the same training on the CPU. Skips with a
+// and its gradient, nn::Module::to(Device), and GPT training on one GPU, one rank,
+// DDP and FSDP (ZeRO-3) with two ranks sharing it, against the same training on the
+// CPU. Skips with a
 // message where no GPU is visible, except the checks that need none.
 #include "dtensor/data.h"
 #include "dtensor/nn/gpt.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
+#include "dtensor/parallel/fsdp.h"
 #include "dtensor/parallel/trainer.h"
 #include "test_helpers.h"
 
@@ -31,9 +33,9 @@ struct RunResult {
   std::map<std::string, Tensor> params;  // on the CPU
 };
 
-// `steps` steps of AdamW with a global batch of 8, data parallel over `world` ranks,
-// the model and the batches on `device`.
-RunResult train(int world, Device device, int steps) {
+// `steps` steps of AdamW with a global batch of 8, data parallel over `world` ranks
+// (DDP, or FSDP stage 3 per block), the model and the batches on `device`.
+RunResult train(int world, Device device, int steps, bool fsdp = false) {
   RunResult result;
   const nn::GPTConfig config = tiny();
   const int64_t global_batch = 8;
@@ -43,9 +45,19 @@ RunResult train(int world, Device device, int steps) {
     DistributedSampler sampler(data.size(), global_batch, mesh.coordinate(0), world, 5, true, 1);
     nn::GPT model(mesh, config, 42);
     model.to(device);
-    parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = 0.001});
+    std::optional<parallel::DistributedDataParallel> ddp;
+    std::optional<parallel::FSDPModule> root;
+    if (fsdp) {
+      for (auto& [name, m] : model.named_modules()) {
+        if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, {.stage = 3});
+      }
+      root = parallel::fully_shard(model, mesh, {.stage = 3});
+    } else {
+      ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = 0.001});
+    }
     AdamW optimizer(model.parameters(), 1e-2);
-    parallel::Trainer trainer(optimizer, {.sync = &ddp});
+    parallel::Trainer trainer(optimizer, {.sync = fsdp ? static_cast<parallel::GradientSync*>(&*root)
+                                                       : static_cast<parallel::GradientSync*>(&*ddp)});
     const Shape batch_shape{global_batch, config.block_size};
     std::vector<double> losses;
     for (int step = 0; step < steps; ++step) {
@@ -132,6 +144,14 @@ TEST(DistTensorToDevice, TheGradientReturnsToTheSourceDevice) {
   });
 }
 
+TEST(ModuleTo, TheHarnessMatchesOneRankOnTheCpu) {
+  // Runs everywhere: the GPU tests below differ from this only in the device, so a
+  // failure there is the GPU's.
+  const RunResult one = train(1, Device::cpu(), 3);
+  expect_same_training(train(2, Device::cpu(), 3), one, 1e-5, "DDP=2 on the CPU");
+  expect_same_training(train(2, Device::cpu(), 3, true), one, 1e-5, "FSDP=2 on the CPU");
+}
+
 TEST(ModuleTo, GptTrainsOnOneGpuAsOnTheCpu) {
   REQUIRE_GPU();
   const RunResult cpu = train(1, Device::cpu(), 6);
@@ -144,4 +164,10 @@ TEST(ModuleTo, DdpWithTwoRanksOnOneGpuMatchesTheCpu) {
   REQUIRE_GPU();
   const RunResult cpu = train(1, Device::cpu(), 6);
   expect_same_training(train(2, kGpu, 6), cpu, 1e-4, "DDP=2 on one GPU");
+}
+
+TEST(ModuleTo, FsdpWithTwoRanksOnOneGpuMatchesTheCpu) {
+  REQUIRE_GPU();
+  const RunResult cpu = train(1, Device::cpu(), 6);
+  expect_same_training(train(2, kGpu, 6, true), cpu, 1e-4, "FSDP (ZeRO-3) over 2 ranks on one GPU");
 }

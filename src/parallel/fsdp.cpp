@@ -183,8 +183,14 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
       shapes.push_back(named[i].second.to_local().shape());
       locals.push_back(named[i].second.to_local());
     }
+    for (const Tensor& local : locals) {
+      DT_CHECK_ARG(local.device() == locals[0].device(), "fully_shard", "the parameters of one module must be on one ",
+                   "device, got ", locals[0].device().to_string(), " and ", local.device().to_string(),
+                   " (move the model with Module::to first)");
+    }
     b.layout = FlatLayout(shapes, g.ranks, g.rank);
-    b.shard = Tensor::empty({b.layout.region_numel()}, dtype);
+    // The shards live where the parameters do (one device per bucket).
+    b.shard = Tensor::empty({b.layout.region_numel()}, dtype, locals.empty() ? Device::cpu() : locals[0].device());
     b.layout.scatter_into_region(locals, b.shard);
     b.grad_placements.resize(b.members.size());
     b.has_grad.assign(b.members.size(), false);

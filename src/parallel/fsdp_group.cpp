@@ -186,7 +186,7 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
     if (!any) continue;
     TraceSpan span("fsdp_pack_gradients", "compute");
     if (!b.grad_full.defined()) {
-      b.grad_full = Tensor::empty({g.ranks * b.layout.region_numel()}, b.reduce_dtype);
+      b.grad_full = Tensor::empty({g.ranks * b.layout.region_numel()}, b.reduce_dtype, b.shard.device());
       b.layout.zero_padding(b.grad_full);
     } else if (!b.grad_holds_sum) {
       // Stage 1 hands out views of its kept buffer; a gradient still holding one (no
@@ -216,7 +216,8 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
     if (!launched) progress_reductions(ctx, false);
     launched = true;
     TraceSpan launch("fsdp_reduce_scatter", "comm");
-    Context::Reduction r{gp, bi, Tensor::empty({b.layout.region_numel()}, b.reduce_dtype), Work(), false};
+    Context::Reduction r{gp, bi, Tensor::empty({b.layout.region_numel()}, b.reduce_dtype, b.shard.device()), Work(),
+                         false};
     r.work = reduce_scatter_async(g.shard_group(), b.grad_full, r.out, ReduceOp::Sum);
     ++ctx.stats.reduce_scatters;
     ctx.reductions.push_back(std::move(r));
@@ -286,7 +287,7 @@ void ParamGroup::start_gather(bool prefetch) {
   TraceSpan span("fsdp_all_gather", "comm");
   for (Bucket& b : buckets) {
     if (!b.unsharded.defined()) {
-      b.unsharded = Tensor::empty({b.layout.unsharded_numel()}, b.param_dtype);
+      b.unsharded = Tensor::empty({b.layout.unsharded_numel()}, b.param_dtype, b.shard.device());
     } else {
       b.unsharded.storage()->restore_memory();
     }
@@ -294,7 +295,7 @@ void ParamGroup::start_gather(bool prefetch) {
     if (b.param_dtype != b.dtype) {
       if (options.stage == 3) {
         // Kept: forward and backward gather the same cast (refreshed after each step).
-        if (!b.send.defined()) b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype);
+        if (!b.send.defined()) b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.shard.device());
         if (b.send_stale) b.send.copy_(b.shard);
         send = b.send;
       } else {
@@ -303,7 +304,7 @@ void ParamGroup::start_gather(bool prefetch) {
       }
       b.send_stale = false;
     }
-    b.gathered = Tensor::empty({ranks * b.layout.region_numel()}, b.param_dtype);
+    b.gathered = Tensor::empty({ranks * b.layout.region_numel()}, b.param_dtype, b.shard.device());
     b.gather = all_gather_async(shard_group(), send, b.gathered, 0);
     Context& ctx = *context;
     ++ctx.stats.all_gathers;
