@@ -10,7 +10,7 @@
 # (carry .gpu-deps/debs only: 13 MB); the packages are unpacked into the build
 # folder, nothing is installed. $OUT gets gpu-check.md (the summary), tests.txt
 # (every test program's output), gpu-check.log (configure and build) and
-# gpu-bench.json (gpu_bench's headline figures).
+# gpu-bench.json (gpu_bench's headline figures) and torch-peer.json (the PyTorch peer's).
 #   bash scripts/gpu-check.sh            # about 2-3 minutes on 16 cores
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +118,18 @@ say ""
 timeout 200 "$build/bench/gpu_bench" "$build/gpu-bench.md" "$out/gpu-bench.json" >>"$log" 2>&1
 bench_rc=$?
 if [ -f "$build/gpu-bench.md" ]; then cat "$build/gpu-bench.md" | tee -a "$summary"; else say "gpu_bench FAILED (rc $bench_rc)"; fi
+
+# ---- the same-run PyTorch peer (its failure does not fail the check) ---------------------
+say ""
+say "## PyTorch peer (same run)"
+say ""
+if python3 -c 'import torch' >/dev/null 2>&1; then
+  timeout 240 python3 bench/peers/torch_gpu_peer.py --json "$out/torch-peer.json" >"$build/torch-peer.md" 2>>"$log"
+  say "(peer exit status $?)"
+  tee -a "$summary" <"$build/torch-peer.md"
+else
+  say "PyTorch not installed: no peer figures"
+fi
 say ""
 say "total: $(($(date +%s) - start)) s; tests $([ $test_rc -eq 0 ] && echo passed || echo FAILED)"
 [ $test_rc -eq 0 ] && [ $bench_rc -eq 0 ]
