@@ -31,7 +31,42 @@ bool flattens_for_free(const DistTensor& t) {
   return t.size(0) % shards_of_dim0 == 0;
 }
 
-DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
+// The gradients of a @ b from the output's gradient g: a's and b's where the engine
+// wants them (autograd::grad_wanted(0) and (1)), undefined otherwise. `b_is_weight_t`:
+// b is W^T of a Linear (linear() says so; a guess from local strides could differ
+// between ranks holding uneven shards, and then so would the collectives), so b's
+// gradient is computed as g^T a, [n, k], and returned transposed: W's comes out
+// contiguous like W.
+Grads matmul_grads(const DistTensor& sa, const DistTensor& sb, const DistTensor& g, bool b_is_weight_t) {
+  dispatch::MoveMemo memo;  // both products move g the same way: once
+  // Only what the engine wants now: an input that does not require grad, or the
+  // weight while a zero-bubble schedule computes input gradients first, costs nothing.
+  Grads out(2);
+  if (autograd::grad_wanted(0)) {
+    out[0] = ops::sum_to(matmul(g, transpose(sb, -1, -2)), sa.shape());
+  }
+  if (!autograd::grad_wanted(1)) return out;
+  if (sb.dim() != 2 || (sa.dim() > 2 && !(flattens_for_free(sa) && flattens_for_free(g)))) {
+    // Batched, or a layout whose flattening would communicate: per batch entry, summed.
+    if (b_is_weight_t) {
+      const Shape w_shape{sb.size(1), sb.size(0)};
+      out[1] = transpose(ops::sum_to(matmul(transpose(g, -1, -2), sa), w_shape), 0, 1);
+    } else {
+      out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g), sb.shape());
+    }
+    return out;
+  }
+  // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
+  // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
+  const int64_t k = sa.size(-1), n = g.size(-1);
+  const DistTensor a_rows = sa.dim() > 2 ? reshape(sa, {-1, k}) : sa;
+  const DistTensor g_rows = g.dim() > 2 ? reshape(g, {-1, n}) : g;
+  out[1] = b_is_weight_t ? transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1)
+                         : matmul(transpose(a_rows, 0, 1), g_rows);
+  return out;
+}
+
+DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b, bool b_is_weight_t = false) {
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   DT_CHECK_ARG(b.size(-2) == k, "matmul", "inner dims differ: a is ", a.shape(), ", b is ", b.shape());
   const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
@@ -51,33 +86,30 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b) {
                                         [](const std::vector<Tensor>& l) { return matmul(l[0], l[1]); });
   if (!autograd::needs_grad({a, b})) return out;
   const DistTensor sa = a.detach(), sb = b.detach();
-  return with_grad(out, "matmul", {a, b}, [sa, sb](const Grads& g) {
-    dispatch::MoveMemo memo;  // both products move g[0] the same way: once
-    // Only what the engine wants now: an input that does not require grad, or the
-    // weight while a zero-bubble schedule computes input gradients first, costs nothing.
-    Grads out(2);
-    if (autograd::grad_wanted(0)) {
-      out[0] = ops::sum_to(matmul(g[0], transpose(sb, -1, -2)), sa.shape());
+  return with_grad(out, "matmul", {a, b},
+                   [sa, sb, b_is_weight_t](const Grads& g) { return matmul_grads(sa, sb, g[0], b_is_weight_t); });
+}
+
+// True when linear() can add the bias in the GEMM's epilogue: one dtype, no Partial
+// input, and the contraction (x's last dim, w's dim 1) not sharded. A sharded
+// contraction gives a Partial product (row parallel), to which the bias must be
+// added once after the reduction, not on every rank (Megatron's RowParallelLinear
+// adds it after the all-reduce too); that case stays matmul + add.
+bool fuses_bias(const DistTensor& x, const DistTensor& w, const DistTensor& bias) {
+  if (x.dim() < 2) return false;  // a vector input: matmul's 1-D rules, then add
+  if (x.dtype() != w.dtype() || bias.dtype() != x.dtype()) return false;
+  for (const DistTensor* t : {&x, &w, &bias}) {
+    for (const Placement& p : t->placements()) {
+      if (p.is_partial()) return false;
     }
-    if (!autograd::grad_wanted(1)) return out;
-    if (sb.dim() == 2 && sa.dim() > 2 && flattens_for_free(sa) && flattens_for_free(g[0])) {
-      // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
-      // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
-      const int64_t k = sa.size(-1), n = g[0].size(-1);
-      const DistTensor a_rows = reshape(sa, {-1, k}), g_rows = reshape(g[0], {-1, n});
-      const Tensor& b_local = sb.to_local();
-      if (b_local.stride(0) == 1 && b_local.size(0) > 1 && b_local.size(1) > 1) {
-        // b is a transposed view (W^T of a Linear): compute g^T a as [n, k], contiguous,
-        // and return its transpose, so W's gradient comes out contiguous like W.
-        out[1] = transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1);
-      } else {
-        out[1] = matmul(transpose(a_rows, 0, 1), g_rows);
-      }
-    } else {
-      out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g[0]), sb.shape());
-    }
-    return out;
-  });
+  }
+  for (const Placement& p : x.placements()) {
+    if (p.is_shard(x.dim() - 1)) return false;
+  }
+  for (const Placement& p : w.placements()) {
+    if (p.is_shard(1)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -101,14 +133,51 @@ DistTensor matmul(const DistTensor& a, const Tensor& b) {
 }
 
 DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias) {
+  dispatch::common_mesh({x, w}, "linear");
+  DT_CHECK_ARG(x.dim() >= 1, "linear", "expected an input with at least 1 dim, got ", x.shape());
+  DT_CHECK_ARG(x.dtype() == w.dtype(), "linear", "dtypes differ: x is ", dtype_name(x.dtype()), ", weight is ",
+               dtype_name(w.dtype()));
   DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
   DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(), ", weight is ",
                w.shape(), " (expected x[..., ", w.size(1), "])");
-  DistTensor y = matmul(x, transpose(w, 0, 1));
-  if (!bias) return y;
+  if (!bias) {
+    // x @ w^T, telling the backward that b is a Linear's transposed weight.
+    return x.dim() >= 2 ? matmul_2d_or_more(x, transpose(w, 0, 1), true) : matmul(x, transpose(w, 0, 1));
+  }
   DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0), "], got ",
                bias->shape());
-  return add(y, *bias);
+  if (!fuses_bias(x, w, *bias)) return add(linear(x, w, std::nullopt), *bias);
+
+  // One GEMM with the bias in its epilogue on every rank: "...K,NK,N->...N" with K
+  // unshardable (fuses_bias keeps the row-parallel case out), so N sharded is column
+  // parallel with the bias sliced the same way, a sharded batch dim is data parallel.
+  const int64_t batch_dims = x.dim() - 1;
+  Shape out_shape = x.shape();
+  out_shape.back() = w.size(0);
+  auto spec = [&] {
+    dispatch::EinsumSpec s;
+    s.inputs = {ops::letters(batch_dims) + "K", "NK", "N"};
+    s.output = ops::letters(batch_dims) + "N";
+    s.unshardable = "K";
+    return s;
+  };
+  DistTensor out = ops::run_einsum_lazy("linear", {}, {x, w, *bias}, spec, out_shape,
+                                        [](const std::vector<Tensor>& l) { return linear(l[0], l[1], l[2]); });
+  if (!autograd::needs_grad({x, w, *bias})) return out;
+  const DistTensor sx = x.detach(), sw = w.detach();
+  const Shape bias_shape = bias->shape();
+  return with_grad(out, "linear", {x, w, *bias}, [sx, sw, bias_shape](const Grads& g) {
+    // x @ w^T's gradients as matmul's (the weight's comes out [out, in] like w), and
+    // the bias's the output gradient summed over the batch dims.
+    Grads out(3);
+    if (autograd::grad_wanted(0) || autograd::grad_wanted(1)) {
+      Grads xw = matmul_grads(sx, transpose(sw, 0, 1), g[0], true);
+      out[0] = xw[0];
+      if (xw[1].defined()) out[1] = transpose(xw[1], 0, 1);
+    }
+    if (autograd::grad_wanted(2)) out[2] = ops::sum_to(g[0], bias_shape);
+    return out;
+  });
 }
 
 }  // namespace dtensor

@@ -1,5 +1,6 @@
 // Matmul on CUDA through cuBLASLt against the CPU (label cuda): every dtype it
-// takes, batched, transposed and batch-broadcast operands, TF32 on and off. Skips
+// takes, batched, transposed and batch-broadcast operands, TF32 on and off, the
+// bias epilogue. Skips
 // with a message where no GPU is visible; the layout mapping is tested on the CPU
 // in test_gemm_layout.cpp.
 #include "test_helpers.h"
@@ -46,6 +47,33 @@ TEST(CudaMatmul, EveryFloatDtypeAndLayoutMatchesTheCpu) {
                           from_second_row);
     expect_matmul_matches(Tensor::randn({1, 6, 16}, 6, t), Tensor::randn({8, 5}, 7, t), tol,
                           dt + " a strided (copied first)", every_other_column);
+  }
+}
+
+// linear() with a bias: cuBLASLt's BIAS epilogue (F32, BF16, F16) or the GEMM and an
+// add (F64), against the CPU's epilogue; batched input rows, a transposed input, a
+// bias at an unaligned offset (its own plan), an empty contraction.
+TEST(CudaMatmul, LinearBiasEpilogueMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    const double tol = t == DType::F64 ? 1e-10 : t == DType::F32 ? 1e-4 : 3e-2;
+    const std::string dt(dtype_name(t));
+    const Tensor x = Tensor::randn({4, 33, 70}, 1, t), w = Tensor::randn({48, 70}, 2, t);
+    const Tensor b = Tensor::randn({49}, 3, t);
+    for (int64_t offset : {0, 1}) {  // narrowed after the upload: an unaligned vector
+      const Tensor cpu = linear(x, w, b.narrow(0, offset, 48).contiguous());
+      const Tensor gpu = linear(x.to(kGpu), w.to(kGpu), b.to(kGpu).narrow(0, offset, 48)).to(Device::cpu());
+      ASSERT_EQ(gpu.shape(), cpu.shape()) << dt;
+      EXPECT_TRUE(allclose(gpu.to(DType::F64), cpu.to(DType::F64), tol, tol)) << dt;
+    }
+    const Tensor xt = Tensor::randn({70, 33}, 4, t);
+    EXPECT_TRUE(
+        allclose(linear(xt.to(kGpu).t(), w.to(kGpu), b.narrow(0, 0, 48).to(kGpu)).to(Device::cpu()).to(DType::F64),
+                 linear(xt.t(), w, b.narrow(0, 0, 48).contiguous()).to(DType::F64), tol, tol))
+        << dt << " x transposed";
+    const Tensor empty =
+        linear(Tensor::zeros({3, 0}, t, kGpu), Tensor::zeros({48, 0}, t, kGpu), b.narrow(0, 0, 48).to(kGpu));
+    EXPECT_TRUE(allclose(empty.to(Device::cpu()), b.narrow(0, 0, 48).expand({3, 48}).contiguous(), 0, 0)) << dt;
   }
 }
 

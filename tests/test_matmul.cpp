@@ -42,6 +42,12 @@ void expect_matches(const Tensor& got, const std::vector<double>& want, DType dt
   }
 }
 
+// Same shape, dtype and values, bit for bit (F32 and F64 values convert to F64 exactly).
+bool identical(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         a.to(DType::F64).to_vector<double>() == b.to(DType::F64).to_vector<double>();
+}
+
 }  // namespace
 
 class MatmulDtypes : public ::testing::TestWithParam<DType> {};
@@ -111,6 +117,55 @@ TEST(Matmul, LinearMatchesMatmulPlusBias) {
   EXPECT_THROW_MSG(linear(x, Tensor::zeros({5, 3}), std::nullopt), std::invalid_argument,
                    "[linear] input features differ: x is [2, 3, 4], weight is [5, 3]");
   EXPECT_THROW_MSG(linear(x, w, Tensor::zeros({4})), std::invalid_argument, "[linear] expected bias [5], got [4]");
+}
+
+// The bias epilogue: F32 and F64 bit-identical to the GEMM followed by an add, for
+// sizes that split into several tiles and tasks, transposed and sliced inputs,
+// 1-D inputs and an empty contraction; BF16 and F16 within one rounding.
+TEST(Matmul, LinearBiasEpilogueEqualsMatmulThenAdd) {
+  for (DType dt : {DType::F32, DType::F64}) {
+    for (auto [rows, k, n] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {6, 4, 5}, {70, 300, 130}, {257, 64, 96}}) {
+      const Tensor w = Tensor::randn({n, k}, 2, dt), b = Tensor::randn({n}, 3, dt);
+      const Tensor x = Tensor::randn({rows, k}, 1, dt);
+      const Tensor xt = Tensor::randn({k, rows}, 4, dt).t();                     // transposed view
+      const Tensor xs = Tensor::randn({rows, k + 2}, 5, dt).slice(1, 1, k + 1);  // leading dim > k
+      for (const Tensor& in : {x, xt, xs}) {
+        EXPECT_TRUE(identical(linear(in, w, b), add(matmul(in, w.t()), b)))
+            << dtype_name(dt) << " " << rows << "x" << k << "x" << n;
+      }
+      if (rows % 2 == 0) {  // a batch of row slices: x is copied into one [rows, k] block
+        const Tensor xb = x.reshape({2, rows / 2, k}).slice(1, 0, rows / 4 + 1);
+        EXPECT_TRUE(identical(linear(xb, w, b), add(matmul(xb, w.t()), b)));
+      }
+    }
+    const Tensor v = Tensor::randn({4}, 6, dt), w = Tensor::randn({3, 4}, 7, dt), b = Tensor::randn({3}, 8, dt);
+    EXPECT_EQ(linear(v, w, b).shape(), (Shape{3}));
+    EXPECT_TRUE(identical(linear(v, w, b), add(matmul(v, w.t()), b)));
+    // k == 0: an empty sum, so every row is the bias.
+    const Tensor bias = Tensor::randn({3}, 9, dt);
+    EXPECT_TRUE(identical(linear(Tensor::zeros({2, 5, 0}, dt), Tensor::zeros({3, 0}, dt), bias),
+                          bias.expand({2, 5, 3}).contiguous()));
+    EXPECT_EQ(linear(Tensor::zeros({0, 4}, dt), Tensor::zeros({3, 4}, dt), bias).shape(), (Shape{0, 3}));
+  }
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const Tensor x = Tensor::randn({70, 40}, 1, dt), w = Tensor::randn({130, 40}, 2, dt);
+    const Tensor b = Tensor::randn({130}, 3, dt);
+    const Tensor y = linear(x, w, b);
+    EXPECT_EQ(y.dtype(), dt);
+    std::vector<double> ref = reference_matmul(x, w.t());
+    const std::vector<double> bias = b.to(DType::F64).to_vector<double>();
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += bias[i % 130];
+    expect_matches(y, ref, dt);
+  }
+}
+
+// A bias of another dtype promotes as add() does; one on another device is add()'s error.
+TEST(Matmul, LinearBiasOfAnotherDtypePromotes) {
+  const Tensor x = Tensor::randn({3, 4}, 1), w = Tensor::randn({5, 4}, 2);
+  const Tensor b = Tensor::randn({5}, 3, DType::F64);
+  const Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.dtype(), DType::F64);
+  EXPECT_TRUE(identical(y, add(matmul(x, w.t()), b)));
 }
 
 TEST(Matmul, BadInputsThrowWithShapes) {

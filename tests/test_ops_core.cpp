@@ -84,6 +84,56 @@ TEST(OpsCore, MatmulEveryLayout) {
   l.max_combinations = 80;
   run_conformance(l);
   check_finite_differences(l);
+  OpCase lb{"batched linear", {Tensor::randn({2, 3, 4}, 18), Tensor::randn({5, 4}, 19), Tensor::randn({5}, 20)}};
+  lb.dist_fn = [](const Ins& x) { return linear(x[0], x[1], x[2]); };
+  lb.local_fn = [](const LIns& x) { return linear(x[0], x[1], x[2]); };
+  lb.max_combinations = 80;
+  run_conformance(lb);
+  check_finite_differences(lb);
+}
+
+// linear() adds the bias in the GEMM's epilogue ("linear" node) where the product is
+// not Partial: column parallel (weight and bias S(0)) and data parallel communicate
+// nothing in forward. Row parallel (the contraction sharded) is matmul then add, so
+// the bias is added once (the Replicate bias becomes a Partial held by one rank).
+TEST(OpsCore, LinearFusesTheBiasUnlessTheProductIsPartial) {
+  launch(2, [](Group world) {
+    DeviceMesh mesh(world, {2}, {"tp"});
+    const Tensor xf = Tensor::randn({2, 3, 8}, 1), wf = Tensor::randn({6, 8}, 2), bf = Tensor::randn({6}, 3);
+    const Tensor want = linear(xf, wf, bf);
+    struct Case {
+      Placements x, w, b;
+      const char* node;
+      Placement out;
+    };
+    for (const Case& c : {Case{{Replicate()}, {Shard(0)}, {Shard(0)}, "linear", Shard(2)},     // column parallel
+                          Case{{Replicate()}, {Shard(0)}, {Replicate()}, "linear", Shard(2)},  // bias sliced locally
+                          Case{{Shard(0)}, {Replicate()}, {Replicate()}, "linear", Shard(0)},  // data parallel
+                          Case{{Shard(2)}, {Shard(1)}, {Replicate()}, "add", Partial()}}) {    // row parallel
+      DistTensor x = distribute(xf, mesh, c.x).set_requires_grad();
+      DistTensor w = distribute(wf, mesh, c.w).set_requires_grad();
+      DistTensor b = distribute(bf, mesh, c.b).set_requires_grad();
+      CommDebugMode forward;
+      DistTensor y = linear(x, w, b);
+      EXPECT_EQ(y.grad_fn_name(), c.node);
+      EXPECT_EQ(forward.total_count(), 0) << forward.to_string();
+      EXPECT_EQ(y.placements()[0], c.out) << y.to_string();
+      EXPECT_TRUE(allclose(y.full_tensor(), want, 1e-5, 1e-5)) << c.node;
+      sum(mul(y, y)).backward();
+      // Gradients against the composite op on one rank's full tensors.
+      DistTensor xr = distribute(xf, mesh, {Replicate()}).set_requires_grad();
+      DistTensor wr = distribute(wf, mesh, {Replicate()}).set_requires_grad();
+      DistTensor br = distribute(bf, mesh, {Replicate()}).set_requires_grad();
+      DistTensor yr = add(matmul(xr, transpose(wr, 0, 1)), br);
+      sum(mul(yr, yr)).backward();
+      EXPECT_TRUE(allclose(x.grad().full_tensor(), xr.grad().full_tensor(), 1e-5, 1e-5));
+      EXPECT_TRUE(allclose(w.grad().full_tensor(), wr.grad().full_tensor(), 1e-5, 1e-5));
+      EXPECT_TRUE(allclose(b.grad().full_tensor(), br.grad().full_tensor(), 1e-5, 1e-5));
+      EXPECT_TRUE(w.grad().to_local().is_contiguous())
+          << c.node << " " << w.grad().to_string() << " strides " << w.grad().to_local().stride(0) << ","
+          << w.grad().to_local().stride(1);
+    }
+  });
 }
 
 TEST(OpsCore, Reductions) {

@@ -80,7 +80,7 @@ inline uint32_t pointer_alignment(const void* ptr) {
 // alignment. Calls with equal keys reuse one cached set of descriptors and the
 // heuristic's choice (a heuristic query costs about as much as a small GEMM).
 struct GemmKey {
-  static constexpr size_t kFields = 16;
+  static constexpr size_t kFields = 17;
   int64_t fields[kFields] = {};
   bool operator==(const GemmKey& other) const {
     for (size_t i = 0; i < kFields; ++i) {
@@ -90,13 +90,16 @@ struct GemmKey {
   }
 };
 
+// bias: null for a plain GEMM, else the bias epilogue's vector (its alignment is a
+// field: the heuristic depends on it).
 inline GemmKey gemm_key(const GemmPlan& p, int dtype, bool tf32, int device, const void* a, const void* b,
-                        const void* out) {
+                        const void* out, const void* bias = nullptr) {
   return GemmKey{
       {p.m, p.n, p.k, p.batch, p.a.transpose, p.a.ld, p.a.batch_stride, p.b.transpose, p.b.ld, p.b.batch_stride, p.ldc,
        p.batch_stride_c, dtype, tf32, device,
        // the three alignments in one field: each is a power of two <= 256
-       int64_t{pointer_alignment(a)} | int64_t{pointer_alignment(b)} << 16 | int64_t{pointer_alignment(out)} << 32}};
+       int64_t{pointer_alignment(a)} | int64_t{pointer_alignment(b)} << 16 | int64_t{pointer_alignment(out)} << 32,
+       bias ? int64_t{pointer_alignment(bias)} : 0}};
 }
 
 struct GemmKeyHash {

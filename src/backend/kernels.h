@@ -51,6 +51,10 @@ class Kernels {
   // out[b] = a[b] @ b[b]: a [B, m, k], b [B, k, n] (any strides), out [B, m, n] contiguous.
   // B may be broadcast through zero batch strides.
   virtual void matmul(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // The same with a bias epilogue (a Linear): out[b, i, j] = (a[b] @ b[b])[i, j] +
+  // bias[j], bias [n] contiguous in out's dtype, added in the GEMM's epilogue rather
+  // than by a second pass over the output.
+  virtual void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) = 0;
 
   // Along `dim` of a contiguous-or-strided input; out contiguous with a's shape.
   virtual void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) = 0;

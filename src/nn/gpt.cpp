@@ -40,7 +40,7 @@ DistTensor GPT::forward(const DistTensor& ids) {
   for (const auto& block : blocks_) x = config_.checkpoint_activations ? checkpoint(*block, x) : (*block)(x);
   x = (*norm_)(x);
   if (head_) return (*head_)(x);
-  return matmul(x, transpose(for_compute(tokens_->weight()), 0, 1));
+  return linear(x, for_compute(tokens_->weight()));  // the tied head: x @ E^T
 }
 
 DistTensor GPT::loss(const DistTensor& ids, const DistTensor& targets) {

@@ -65,11 +65,20 @@ Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bia
   DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
   DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(),
                ", weight is ", w.shape(), " (expected x[..., ", w.size(1), "])");
-  Tensor y = matmul(x, w.t());
-  if (!bias) return y;
+  if (!bias) return matmul(x, w.t());
   DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0),
                "], got ", bias->shape());
-  return add(y, *bias);
+  // A bias of another dtype or device: add()'s promotion and errors.
+  if (bias->dtype() != x.dtype() || bias->device() != x.device()) return add(matmul(x, w.t()), *bias);
+  // One GEMM over all rows of x with the bias in its epilogue.
+  const int64_t k = w.size(1), n = w.size(0);
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  Shape out_shape = x.shape();
+  out_shape.back() = n;
+  Tensor out = Tensor::empty({1, rows, n}, x.dtype(), x.device());
+  backend::kernels_for(x.device()).matmul_bias(x.reshape({1, rows, k}), w.t().unsqueeze(0), bias->contiguous(), out);
+  return out.view(out_shape);
 }
 
 }  // namespace dtensor

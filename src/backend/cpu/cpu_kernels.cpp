@@ -31,6 +31,9 @@ class CpuKernels final : public Kernels {
   }
   void argmax(const Tensor& a, int64_t dim, Tensor& out) override { cpu::argmax(a, dim, out); }
   void matmul(const Tensor& a, const Tensor& b, Tensor& out) override { cpu::matmul(a, b, out); }
+  void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) override {
+    cpu::matmul_bias(a, b, bias, out);
+  }
   void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
     cpu::softmax(a, dim, log, out);
   }

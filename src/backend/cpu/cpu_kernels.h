@@ -31,6 +31,7 @@ void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, 
 void argmax(const Tensor& a, int64_t dim, Tensor& out);
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out);
+void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out);
 
 void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out);
 void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log,

@@ -25,6 +25,11 @@
 // 2^18 multiply-adds are not tuned (the default route: their time is overhead).
 // DTENSOR_GEMM_ENGINE=openblas|onednn|blis pins one engine (reproducible numerics
 // for comparisons; a dtype it lacks falls back to OpenBLAS).
+//
+// Bias epilogue (matmul_bias, a Linear's y = x W^T + b): each task adds the bias to
+// its output tile right after the engine wrote it, while the tile is in cache, and
+// a BF16 tile gets the bias in F32 before its one rounding (PyTorch's addmm rounds
+// once too). F32 and F64 results are bit-identical to a GEMM followed by an add.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -344,6 +349,15 @@ std::vector<Tile> tiles(int64_t batch, int64_t m, int64_t n, int64_t k) {
 // Element offset of op(X)[row, col] for a row-major X seen through `op`.
 int64_t at(const Operand& op, int64_t row, int64_t col) { return op.trans ? col * op.ld + row : row * op.ld + col; }
 
+// row r of the tile z (leading dim ld) += bias[0, cols), for every row.
+template <class T>
+void add_bias(T* z, int64_t rows, int64_t cols, int64_t ld, const T* bias) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = z + r * ld;
+    for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+  }
+}
+
 template <class T, class Run>
 void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k, T* c,
                Run&& run) {
@@ -361,22 +375,25 @@ void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, i
   });
 }
 
+// bias: null, or [n] added to every output row.
 template <class T>
 void run_native(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n,
-                int64_t k, T* c) {
-  run_tiles<T>(a, b, batch, m, n, k, c, [&](const GemmArgs& g, const T* x, const T* y, T* z, int64_t, const Tile&) {
+                int64_t k, T* c, const T* bias) {
+  run_tiles<T>(a, b, batch, m, n, k, c, [&](const GemmArgs& g, const T* x, const T* y, T* z, int64_t, const Tile& w) {
     if constexpr (std::is_same_v<T, float>) {
       engine.sgemm(g, x, y, z);
     } else if (!engine.dgemm(g, x, y, z)) {
       gemm_engines()[0]->dgemm(g, x, y, z);
     }
+    if (bias) add_bias(z, g.m, g.n, n, bias + w.c0);
   });
 }
 
 // BF16 operands, BF16 output: the engine accumulates in F32 and rounds in its own
-// epilogue (oneDNN), or each task rounds its F32 tile (still in cache) to BF16.
-void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n,
-              int64_t k, bf16* c) {
+// epilogue (oneDNN), or each task rounds its F32 tile (still in cache) to BF16, the
+// bias (F32, null for none) added first.
+void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k,
+              bf16* c, const float* bias) {
   const std::vector<Tile> work = tiles(batch, m, n, k);
   const auto* pa = static_cast<const uint16_t*>(a.t.data_ptr());
   const auto* pb = static_cast<const uint16_t*>(b.t.data_ptr());
@@ -388,35 +405,46 @@ void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t 
       const uint16_t* x = pa + i * a.t.stride(0) + at(a.op, w.r0, 0);
       const uint16_t* y = pb + i * b.t.stride(0) + at(b.op, 0, w.c0);
       bf16* out = c + i * m * n + w.r0 * n + w.c0;
-      // Rounded by the engine straight into the output where it can.
-      if (engine.bf16gemm_rounded(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, n, 0.0f}, x, y,
-                                  reinterpret_cast<uint16_t*>(out))) {
+      // Rounded by the engine straight into the output where it can (no bias: it
+      // would be a second rounding).
+      if (!bias && engine.bf16gemm_rounded(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, n, 0.0f},
+                                           x, y, reinterpret_cast<uint16_t*>(out))) {
         continue;
       }
       thread_local std::vector<float> scratch;
       scratch.resize(static_cast<size_t>(rows * cols));
       engine.bf16gemm(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, cols, 0.0f}, x, y,
                       scratch.data());
+      if (bias) add_bias(scratch.data(), rows, cols, cols, bias + w.c0);
       for (int64_t r = 0; r < rows; ++r) f32_to_bf16(scratch.data() + r * cols, out + r * n, cols);
     }
   });
 }
 
-void matmul_via_f32(const Tensor& a, const Tensor& b, Tensor& out);
+void matmul_via_f32(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out);
 
-void run_route(const Route& route, const Tensor& a, const Tensor& b, Tensor& out) {
+// bias: undefined, or [n] contiguous in out's dtype.
+void run_route(const Route& route, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
-  if (route.via_f32) return matmul_via_f32(a, b, out);
+  if (route.via_f32) return matmul_via_f32(a, b, bias, out);
   GemmEngine& engine = *gemm_engines()[static_cast<size_t>(route.engine)];
   const Prepared pa = prepare(a), pb = prepare(b);
   switch (out.dtype()) {
-    case DType::F32: return run_native<float>(engine, pa, pb, batch, m, n, k, out.data<float>());
-    case DType::F64: return run_native<double>(engine, pa, pb, batch, m, n, k, out.data<double>());
-    default: return run_bf16(engine, pa, pb, batch, m, n, k, static_cast<bf16*>(out.data_ptr()));
+    case DType::F32:
+      return run_native<float>(engine, pa, pb, batch, m, n, k, out.data<float>(),
+                               bias.defined() ? bias.data<float>() : nullptr);
+    case DType::F64:
+      return run_native<double>(engine, pa, pb, batch, m, n, k, out.data<double>(),
+                                bias.defined() ? bias.data<double>() : nullptr);
+    default: {
+      const Tensor bias32 = bias.defined() ? bias.to(DType::F32) : Tensor();
+      return run_bf16(engine, pa, pb, batch, m, n, k, static_cast<bf16*>(out.data_ptr()),
+                      bias32.defined() ? bias32.data<float>() : nullptr);
+    }
   }
 }
 
-void tuned_matmul(const Tensor& a, const Tensor& b, Tensor& out) {
+void tuned_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
   // The transposes of the layouts the operands will be read in (part of the shape
   // an engine sees).
@@ -425,14 +453,14 @@ void tuned_matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   const Signature s{out.dtype(), la && la->trans, lb && lb->trans, batch, m, n, k, tasks_for(batch, m, n, k)};
   const Route route = tuner().choose(s, [&](const Route& r) {
     Tensor scratch = Tensor::empty(out.shape(), out.dtype());
-    return cpu_seconds([&] { run_route(r, a, b, scratch); });
+    return cpu_seconds([&] { run_route(r, a, b, Tensor(), scratch); });  // the bias costs every route the same
   });
-  run_route(route, a, b, out);
+  run_route(route, a, b, bias, out);
 }
 
-void matmul_via_f32(const Tensor& a, const Tensor& b, Tensor& out) {
+void matmul_via_f32(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
   Tensor out32 = Tensor::empty(out.shape(), DType::F32);
-  tuned_matmul(a.to(DType::F32), b.to(DType::F32), out32);
+  tuned_matmul(a.to(DType::F32), b.to(DType::F32), bias.defined() ? bias.to(DType::F32) : Tensor(), out32);
   copy(out32, out);
 }
 
@@ -444,7 +472,17 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out) {
     fill(out, 0.0);
     return;
   }
-  tuned_matmul(a, b, out);
+  tuned_matmul(a, b, Tensor(), out);
+}
+
+void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+  if (out.numel() == 0) return;
+  if (a.size(2) == 0) {
+    // An empty sum: every row is the bias.
+    copy(bias.expand(out.shape()), out);
+    return;
+  }
+  tuned_matmul(a, b, bias, out);
 }
 
 void gemm_f32(const GemmArgs& g, const float* a, const float* b, float* c) {

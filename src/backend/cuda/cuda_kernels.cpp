@@ -155,17 +155,17 @@ class CudaKernels final : public Kernels {
     launch_argmax(a.dtype(), p, static_cast<int64_t*>(out.data_ptr()), a.data_ptr(), stream_of(a));
   }
   void matmul(const Tensor& a, const Tensor& b, Tensor& out) override {
-    const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
     if (out.numel() == 0) return;
-    if (k == 0) return fill(out, 0);
-    // An operand with neither rows nor columns contiguous is copied contiguous first.
-    BlasOperand probe;
-    const Tensor x = blas_operand(m, k, a.stride(1), a.stride(2), a.stride(0), probe) ? a : a.contiguous();
-    const Tensor y = blas_operand(k, n, b.stride(1), b.stride(2), b.stride(0), probe) ? b : b.contiguous();
-    GemmPlan p;
-    [[maybe_unused]] const bool planned = make_gemm_plan(batch, m, n, k, x.strides().data(), y.strides().data(), p);
-    assert(planned);
-    gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
+    if (a.size(2) == 0) return fill(out, 0);
+    run_gemm(a, b, Tensor(), out);
+  }
+  void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) override {
+    if (out.numel() == 0) return;
+    if (a.size(2) == 0) return copy(bias.expand(out.shape()), out);  // an empty sum: every row is the bias
+    if (run_gemm(a, b, bias, out)) return;
+    // No epilogue for these operands: the GEMM, then the bias in a second pass.
+    run_gemm(a, b, Tensor(), out);
+    binary(BinaryOp::Add, out, bias.expand(out.shape()), out);
   }
   void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
     LinePlan<2> p;
@@ -280,6 +280,25 @@ class CudaKernels final : public Kernels {
                  grad.data_ptr(), static_cast<float*>(exp_avg.data_ptr()), static_cast<float*>(exp_avg_sq.data_ptr()),
                  stream_of(param));
     return true;
+  }
+
+ private:
+  // out = a @ b, plus the bias in cuBLASLt's epilogue when `bias` is defined (false,
+  // nothing run, where no algorithm has it). An operand with neither rows nor
+  // columns contiguous is copied contiguous first.
+  static bool run_gemm(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+    const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
+    BlasOperand probe;
+    const Tensor x = blas_operand(m, k, a.stride(1), a.stride(2), a.stride(0), probe) ? a : a.contiguous();
+    const Tensor y = blas_operand(k, n, b.stride(1), b.stride(2), b.stride(0), probe) ? b : b.contiguous();
+    GemmPlan p;
+    [[maybe_unused]] const bool planned = make_gemm_plan(batch, m, n, k, x.strides().data(), y.strides().data(), p);
+    assert(planned);
+    if (!bias.defined()) {
+      gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
+      return true;
+    }
+    return gemm_bias(p, out.dtype(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), out.data_ptr(), out.device().index);
   }
 };
 

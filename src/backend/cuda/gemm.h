@@ -10,4 +10,11 @@ namespace dtensor::backend::cuda {
 // `device`. Throws std::runtime_error for a dtype cuBLASLt does not take.
 void gemm(const GemmPlan& plan, DType dtype, const void* a, const void* b, void* out, int device);
 
+// The same with cuBLASLt's bias epilogue: out[.., i, j] += bias[j] (bias [n],
+// contiguous, out's dtype) in the GEMM's own epilogue. Returns false, having run
+// nothing, where cuBLASLt has no such algorithm for these operands (F64, say): the
+// caller then adds the bias itself.
+bool gemm_bias(const GemmPlan& plan, DType dtype, const void* a, const void* b, const void* bias, void* out,
+               int device);
+
 }  // namespace dtensor::backend::cuda

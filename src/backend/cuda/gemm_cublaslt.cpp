@@ -5,7 +5,8 @@
 // thread's current stream, with its workspace from the caching allocator. Each
 // thread keeps the descriptors and the heuristic's algorithm of the calls it has
 // made (keyed by backend::GemmKey), so a training step's repeated shapes query the
-// heuristic once.
+// heuristic once. A Linear's bias rides in cuBLASLt's BIAS epilogue (gemm_bias):
+// added to the accumulator before the output is rounded, with no second pass.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -93,15 +94,24 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, uint64_t rows, uint64_t cols,
   return l;
 }
 
-// The descriptors of a call and the heuristic's first algorithm for them.
+// The descriptors of a call and the heuristic's first algorithm for them (found
+// false: none fits the bias epilogue).
 struct Plan {
   Descriptors d;
   cublasLtMatmulHeuristicResult_t result{};
+  bool found = false;
 };
 
-// Fills `plan` for `p` (throws, caching nothing, when no algorithm fits).
+void set_bias_pointer(cublasLtMatmulDesc_t op, const void* bias) {
+  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+           "cublasLtMatmulDescSetAttribute");
+}
+
+// Fills `plan` for `p`, with the bias epilogue when `bias` is not null. Throws,
+// caching nothing, when no algorithm fits a plain GEMM; a bias plan that none fits
+// is cached with found = false.
 void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, cublasComputeType_t compute,
-              cudaDataType_t scale, const void* a, const void* b, const void* out, int device) {
+              cudaDataType_t scale, const void* a, const void* b, const void* out, const void* bias, int device) {
   Descriptors& d = plan.d;
   check_lt(cublasLtMatmulDescCreate(&d.op, compute, scale), "cublasLtMatmulDescCreate");
   const cublasOperation_t ta = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -110,6 +120,18 @@ void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, c
            "cublasLtMatmulDescSetAttribute");
   check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
            "cublasLtMatmulDescSetAttribute");
+  if (bias) {
+    // BLAS's D is out^T (n x m, column-major): its rows are the output features, so
+    // the epilogue's per-row vector is the Linear's bias; batch stride 0 shares it.
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+             "cublasLtMatmulDescSetAttribute");
+    const int64_t bias_batch_stride = 0;
+    check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_batch_stride,
+                                            sizeof bias_batch_stride),
+             "cublasLtMatmulDescSetAttribute");
+    set_bias_pointer(d.op, bias);  // the heuristic reads its alignment
+  }
   // BLAS computes C (n x m) = op(A) (n x k) op(B) (k x m); layouts are of the stored
   // matrices, before op.
   const auto bn = static_cast<uint64_t>(p.n), bm = static_cast<uint64_t>(p.m), bk = static_cast<uint64_t>(p.k);
@@ -144,6 +166,8 @@ void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, c
     found = 0;
   else
     check_lt(heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  plan.found = found > 0;
+  if (bias) return;
   DT_CHECK_SUPPORTED(found > 0, "matmul", "cuBLASLt has no algorithm for ", dtype_name(dtype), " [", p.batch, ", ", p.m,
                      ", ", p.k, "] @ [", p.k, ", ", p.n, "]");
 }
@@ -161,9 +185,8 @@ const Plan& cached_plan(const GemmKey& key, Make&& make) {
   return *plans.emplace(key, std::move(made)).first->second;
 }
 
-}  // namespace
-
-void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* out, int device) {
+// out = a @ b (+ bias): false when `bias` is given and no algorithm has the epilogue.
+bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, const void* bias, void* out, int device) {
   cudaDataType_t type;
   cublasComputeType_t compute;
   cudaDataType_t scale = CUDA_R_32F;
@@ -191,12 +214,14 @@ void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* ou
   }
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
   const Plan& plan = cached_plan(
-      gemm_key(p, static_cast<int>(dtype), compute == CUBLAS_COMPUTE_32F_FAST_TF32, device, a, b, out), [&] {
+      gemm_key(p, static_cast<int>(dtype), compute == CUBLAS_COMPUTE_32F_FAST_TF32, device, a, b, out, bias), [&] {
         auto made = std::make_unique<Plan>();
-        describe(*made, p, dtype, type, compute, scale, a, b, out, device);
+        describe(*made, p, dtype, type, compute, scale, a, b, out, bias, device);
         return made;
       });
+  if (!plan.found) return false;
   const Descriptors& d = plan.d;
+  if (bias) set_bias_pointer(d.op, bias);  // this call's vector (the plan is shared by calls of its alignment)
   const cublasLtMatmulHeuristicResult_t& result = plan.result;
   cublasLtHandle_t h = handle(device);
   // The workspace is stream-ordered like any tensor: freed right after the launch,
@@ -210,6 +235,20 @@ void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* ou
                                                workspace, result.workspaceSize, stream);
   if (workspace) free(device, workspace);
   check_lt(status, "cublasLtMatmul");
+  return true;
+}
+
+}  // namespace
+
+void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* out, int device) {
+  run_gemm(p, dtype, a, b, nullptr, out, device);
+}
+
+bool gemm_bias(const GemmPlan& p, DType dtype, const void* a, const void* b, const void* bias, void* out, int device) {
+  // cuBLASLt's epilogues are for the 16- and 32-bit float types; F64 adds the bias
+  // in a second pass.
+  if (dtype == DType::F64) return false;
+  return run_gemm(p, dtype, a, b, bias, out, device);
 }
 
 }  // namespace backend::cuda
