@@ -97,7 +97,7 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b, bool b_is
 // adds it after the all-reduce too); that case stays matmul + add.
 bool fuses_bias(const DistTensor& x, const DistTensor& w, const DistTensor& bias) {
   if (x.dim() < 2) return false;  // a vector input: matmul's 1-D rules, then add
-  if (x.dtype() != w.dtype() || bias.dtype() != x.dtype()) return false;
+  if (bias.dtype() != x.dtype()) return false;  // linear() has checked x's against w's
   for (const DistTensor* t : {&x, &w, &bias}) {
     for (const Placement& p : t->placements()) {
       if (p.is_partial()) return false;
@@ -133,7 +133,6 @@ DistTensor matmul(const DistTensor& a, const Tensor& b) {
 }
 
 DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias) {
-  dispatch::common_mesh({x, w}, "linear");
   DT_CHECK_ARG(x.dim() >= 1, "linear", "expected an input with at least 1 dim, got ", x.shape());
   DT_CHECK_ARG(x.dtype() == w.dtype(), "linear", "dtypes differ: x is ", dtype_name(x.dtype()), ", weight is ",
                dtype_name(w.dtype()));

@@ -17,21 +17,30 @@ void check_matmul_operands(const Tensor& a, const Tensor& b, const char* op) {
                ", b on ", b.device().to_string());
 }
 
+// The common [batch..., m, k] @ [k, n] (a 1-D a is one row): one GEMM with all batch
+// rows stacked, plus `bias` ([n], out's dtype; undefined for none) in its epilogue.
+Tensor stacked_rows_matmul(const Tensor& a, const Tensor& b, const Tensor& bias) {
+  const int64_t k = b.size(0), n = b.size(1);
+  Shape out_shape = a.shape();
+  out_shape.back() = n;
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < a.dim(); ++d) rows *= a.size(d);
+  Tensor out = Tensor::empty({1, rows, n}, a.dtype(), a.device());
+  backend::Kernels& kernels = backend::kernels_for(a.device());
+  if (bias.defined()) {
+    kernels.matmul_bias(a.reshape({1, rows, k}), b.unsqueeze(0), bias, out);
+  } else {
+    kernels.matmul(a.reshape({1, rows, k}), b.unsqueeze(0), out);
+  }
+  return out.view(out_shape);
+}
+
 // [..., m, k] @ [..., k, n] with both operands at least 2-D.
 Tensor matmul_2d_or_more(const Tensor& a, const Tensor& b, const char* op) {
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   DT_CHECK_ARG(b.size(-2) == k, op, "inner dims differ: a is ", a.shape(), ", b is ", b.shape());
+  if (b.dim() == 2) return stacked_rows_matmul(a, b, Tensor());
   backend::Kernels& kernels = backend::kernels_for(a.device());
-  if (b.dim() == 2) {
-    // The common [batch..., m, k] @ [k, n]: one GEMM with all batch rows stacked.
-    Shape out_shape = a.shape();
-    out_shape.back() = n;
-    int64_t rows = 1;
-    for (int64_t d = 0; d + 1 < a.dim(); ++d) rows *= a.size(d);
-    Tensor out = Tensor::empty({1, rows, n}, a.dtype(), a.device());
-    kernels.matmul(a.reshape({1, rows, k}), b.unsqueeze(0), out);
-    return out.view(out_shape);
-  }
   const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
   const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
   Shape batch = broadcast_shapes(a_batch, b_batch, op);
@@ -71,14 +80,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bia
   // A bias of another dtype or device: add()'s promotion and errors.
   if (bias->dtype() != x.dtype() || bias->device() != x.device()) return add(matmul(x, w.t()), *bias);
   // One GEMM over all rows of x with the bias in its epilogue.
-  const int64_t k = w.size(1), n = w.size(0);
-  int64_t rows = 1;
-  for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  Shape out_shape = x.shape();
-  out_shape.back() = n;
-  Tensor out = Tensor::empty({1, rows, n}, x.dtype(), x.device());
-  backend::kernels_for(x.device()).matmul_bias(x.reshape({1, rows, k}), w.t().unsqueeze(0), bias->contiguous(), out);
-  return out.view(out_shape);
+  return stacked_rows_matmul(x, w.t(), bias->contiguous());
 }
 
 }  // namespace dtensor

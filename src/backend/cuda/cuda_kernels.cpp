@@ -162,10 +162,7 @@ class CudaKernels final : public Kernels {
   void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) override {
     if (out.numel() == 0) return;
     if (a.size(2) == 0) return copy(bias.expand(out.shape()), out);  // an empty sum: every row is the bias
-    if (run_gemm(a, b, bias, out)) return;
-    // No epilogue for these operands: the GEMM, then the bias in a second pass.
-    run_gemm(a, b, Tensor(), out);
-    binary(BinaryOp::Add, out, bias.expand(out.shape()), out);
+    run_gemm(a, b, bias, out);
   }
   void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
     LinePlan<2> p;
@@ -283,10 +280,10 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  // out = a @ b, plus the bias in cuBLASLt's epilogue when `bias` is defined (false,
-  // nothing run, where no algorithm has it). An operand with neither rows nor
-  // columns contiguous is copied contiguous first.
-  static bool run_gemm(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+  // out = a @ b, plus `bias` when it is defined: in cuBLASLt's epilogue, or (F64, or
+  // no algorithm with it for these operands) in a second pass. An operand with
+  // neither rows nor columns contiguous is copied contiguous first, once.
+  void run_gemm(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
     const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
     BlasOperand probe;
     const Tensor x = blas_operand(m, k, a.stride(1), a.stride(2), a.stride(0), probe) ? a : a.contiguous();
@@ -294,11 +291,12 @@ class CudaKernels final : public Kernels {
     GemmPlan p;
     [[maybe_unused]] const bool planned = make_gemm_plan(batch, m, n, k, x.strides().data(), y.strides().data(), p);
     assert(planned);
-    if (!bias.defined()) {
-      gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
-      return true;
+    if (bias.defined() &&
+        gemm_bias(p, out.dtype(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), out.data_ptr(), out.device().index)) {
+      return;
     }
-    return gemm_bias(p, out.dtype(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), out.data_ptr(), out.device().index);
+    gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
+    if (bias.defined()) binary(BinaryOp::Add, out, bias.expand(out.shape()), out);
   }
 };
 
