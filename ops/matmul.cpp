@@ -96,7 +96,7 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b, bool b_is
 // added once after the reduction, not on every rank (Megatron's RowParallelLinear
 // adds it after the all-reduce too); that case stays matmul + add.
 bool fuses_bias(const DistTensor& x, const DistTensor& w, const DistTensor& bias) {
-  if (x.dim() < 2) return false;  // a vector input: matmul's 1-D rules, then add
+  if (x.dim() < 2) return false;                // a vector input: matmul's 1-D rules, then add
   if (bias.dtype() != x.dtype()) return false;  // linear() has checked x's against w's
   for (const DistTensor* t : {&x, &w, &bias}) {
     for (const Placement& p : t->placements()) {
@@ -116,8 +116,8 @@ bool fuses_bias(const DistTensor& x, const DistTensor& w, const DistTensor& bias
 
 DistTensor matmul(const DistTensor& a, const DistTensor& b) {
   dispatch::common_mesh({a, b}, "matmul");
-  DT_CHECK_ARG(a.dim() >= 1 && b.dim() >= 1, "matmul", "expected tensors with at least 1 dim, got ",
-               a.shape(), " and ", b.shape());
+  DT_CHECK_ARG(a.dim() >= 1 && b.dim() >= 1, "matmul", "expected tensors with at least 1 dim, got ", a.shape(), " and ",
+               b.shape());
   DT_CHECK_ARG(a.dtype() == b.dtype(), "matmul", "dtypes differ: a is ", dtype_name(a.dtype()), ", b is ",
                dtype_name(b.dtype()));
   // NumPy's 1-D rules, through differentiable unsqueeze/squeeze.
@@ -128,23 +128,20 @@ DistTensor matmul(const DistTensor& a, const DistTensor& b) {
   return out;
 }
 
-DistTensor matmul(const DistTensor& a, const Tensor& b) {
-  return matmul(a, implicit_replicate(b, a.mesh(), "matmul"));
-}
+DistTensor matmul(const DistTensor& a, const Tensor& b) { return matmul(a, implicit_replicate(b, a.mesh(), "matmul")); }
 
 DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias) {
   DT_CHECK_ARG(x.dim() >= 1, "linear", "expected an input with at least 1 dim, got ", x.shape());
   DT_CHECK_ARG(x.dtype() == w.dtype(), "linear", "dtypes differ: x is ", dtype_name(x.dtype()), ", weight is ",
                dtype_name(w.dtype()));
   DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
-  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(), ", weight is ",
-               w.shape(), " (expected x[..., ", w.size(1), "])");
+  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(), ", weight is ", w.shape(),
+               " (expected x[..., ", w.size(1), "])");
   if (!bias) {
     // x @ w^T, telling the backward that b is a Linear's transposed weight.
     return x.dim() >= 2 ? matmul_2d_or_more(x, transpose(w, 0, 1), true) : matmul(x, transpose(w, 0, 1));
   }
-  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0), "], got ",
-               bias->shape());
+  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0), "], got ", bias->shape());
   if (!fuses_bias(x, w, *bias)) return add(linear(x, w, std::nullopt), *bias);
 
   // One GEMM with the bias in its epilogue on every rank: "...K,NK,N->...N" with K

@@ -29,9 +29,7 @@ std::vector<double> reference_matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-double tolerance(DType t) {
-  return t == DType::F64 ? 1e-12 : t == DType::F32 ? 1e-5 : t == DType::F16 ? 2e-3 : 1.6e-2;
-}
+double tolerance(DType t) { return t == DType::F64 ? 1e-12 : t == DType::F32 ? 1e-5 : t == DType::F16 ? 2e-3 : 1.6e-2; }
 
 void expect_matches(const Tensor& got, const std::vector<double>& want, DType dtype) {
   ASSERT_EQ(got.numel(), static_cast<int64_t>(want.size()));
@@ -88,8 +86,7 @@ TEST_P(MatmulDtypes, BatchedAndBroadcast) {
   expect_matches(matmul(a, bt), reference_matmul(a, bt), dt);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFloat, MatmulDtypes,
-                         ::testing::Values(DType::F32, DType::F64, DType::BF16, DType::F16),
+INSTANTIATE_TEST_SUITE_P(AllFloat, MatmulDtypes, ::testing::Values(DType::F32, DType::F64, DType::BF16, DType::F16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 TEST(Matmul, VectorsAndBatchBroadcastAcrossRanks) {
@@ -173,8 +170,8 @@ TEST(Matmul, BadInputsThrowWithShapes) {
                    "[matmul] inner dims differ: a is [4, 8], b is [6, 3]");
   EXPECT_THROW_MSG(matmul(Tensor::zeros({2, 2}), Tensor::zeros({2, 2}, DType::F64)), std::invalid_argument,
                    "[matmul] dtypes differ: a is f32, b is f64");
-  EXPECT_THROW_MSG(matmul(Tensor::zeros({2, 2}, DType::I64), Tensor::zeros({2, 2}, DType::I64)),
-                   std::invalid_argument, "[matmul] expected a floating dtype, got i64");
+  EXPECT_THROW_MSG(matmul(Tensor::zeros({2, 2}, DType::I64), Tensor::zeros({2, 2}, DType::I64)), std::invalid_argument,
+                   "[matmul] expected a floating dtype, got i64");
   EXPECT_THROW_MSG(matmul(Tensor::zeros({2, 2, 3}), Tensor::zeros({3, 3, 2})), std::invalid_argument,
                    "do not broadcast");
   EXPECT_THROW_MSG(matmul(Tensor::scalar(1.0f), Tensor::zeros({2})), std::invalid_argument,

@@ -4,8 +4,8 @@
 #include "dist_op_test_util.h"
 
 using namespace dtensor;
-using dtensor::testing::OpCase;
 using dtensor::testing::check_finite_differences;
+using dtensor::testing::OpCase;
 using dtensor::testing::run_conformance;
 using Ins = std::vector<DistTensor>;
 using LIns = std::vector<Tensor>;
@@ -35,8 +35,10 @@ TEST(OpsCore, UnaryOps) {
 }
 
 TEST(OpsCore, BinaryOpsWithBroadcasting) {
-  for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum}) {
-    OpCase c{std::string("binary ") + op_name(op), {Tensor::randn({5, 3}, 3), op == BinaryOp::Div ? positive({3}, 4) : Tensor::randn({3}, 4)}};
+  for (BinaryOp op :
+       {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Maximum, BinaryOp::Minimum}) {
+    OpCase c{std::string("binary ") + op_name(op),
+             {Tensor::randn({5, 3}, 3), op == BinaryOp::Div ? positive({3}, 4) : Tensor::randn({3}, 4)}};
     c.dist_fn = [op](const Ins& x) { return binary(op, x[0], x[1]); };
     c.local_fn = [op](const LIns& x) { return binary(op, x[0], x[1]); };
     c.max_combinations = 60;
@@ -160,9 +162,7 @@ TEST(OpsCore, ShapeRelabellings) {
   c.dist_fn = [](const Ins& x) {
     return squeeze(unsqueeze(permute(expand(transpose(x[0], 0, 2), {4, 2, 3}), {2, 0, 1}), 1), 1);
   };
-  c.local_fn = [](const LIns& x) {
-    return x[0].transpose(0, 2).expand({4, 2, 3}).permute({2, 0, 1}).contiguous();
-  };
+  c.local_fn = [](const LIns& x) { return x[0].transpose(0, 2).expand({4, 2, 3}).permute({2, 0, 1}).contiguous(); };
   run_conformance(c);
   check_finite_differences(c);
 }
@@ -177,8 +177,8 @@ TEST(OpsCore, ColumnThenRowParallelMatmulCommunicatesOncePerPass) {
     DistTensor w1 = distribute(Tensor::randn({8, 6}, 2), mesh, {Shard(1)}).set_requires_grad();
     DistTensor w2 = distribute(Tensor::randn({6, 8}, 3), mesh, {Shard(0)}).set_requires_grad();
     CommDebugMode forward;
-    DistTensor h = relu(matmul(x, w1));      // S(1), local
-    DistTensor y = matmul(h, w2);            // Partial(sum), local
+    DistTensor h = relu(matmul(x, w1));  // S(1), local
+    DistTensor y = matmul(h, w2);        // Partial(sum), local
     DistTensor out = y.redistribute({Replicate()});
     EXPECT_EQ(forward.count("all_reduce"), 1);
     EXPECT_EQ(forward.total_count(), 1);
@@ -251,7 +251,8 @@ TEST(Autograd, AccumulatesHooksRetainAndErrors) {
     }
     EXPECT_FALSE(mul(w, 2.0).detach().requires_grad());
     EXPECT_EQ(mul(w, 2.0).grad_fn_name(), "mul");
-    EXPECT_THROW_MSG(mul(w, 2.0).backward(), std::invalid_argument, "[backward] implicit gradient needs a tensor with one element");
+    EXPECT_THROW_MSG(mul(w, 2.0).backward(), std::invalid_argument,
+                     "[backward] implicit gradient needs a tensor with one element");
     DistTensor ids = distribute(Tensor::arange(4), mesh, {Shard(0)});
     EXPECT_THROW_MSG(ids.set_requires_grad(), std::invalid_argument, "only floating tensors");
     EXPECT_THROW_MSG(mul(w, 2.0).set_requires_grad(), std::invalid_argument, "only leaves");
@@ -266,7 +267,8 @@ TEST(OpsCore, BadInputsAndImplicitReplication) {
     DistTensor a = distribute(Tensor::randn({4, 3}, 1), mesh, {Shard(0)});
     DistTensor b = distribute(Tensor::randn({4, 3}, 2), other, {Shard(0)});
     EXPECT_THROW_MSG(add(a, b), std::invalid_argument, "operands live on different meshes");
-    EXPECT_THROW_MSG(add(a, distribute(Tensor::randn({5}, 3), mesh, {Replicate()})), std::invalid_argument, "do not broadcast");
+    EXPECT_THROW_MSG(add(a, distribute(Tensor::randn({5}, 3), mesh, {Replicate()})), std::invalid_argument,
+                     "do not broadcast");
     EXPECT_THROW_MSG(matmul(a, a), std::invalid_argument, "[matmul] inner dims differ: a is [4, 3], b is [4, 3]");
     EXPECT_THROW_MSG(sum(a, {0, 0}), std::invalid_argument, "[sum] dim 0 appears twice");
     const Tensor plain = Tensor::ones({3});

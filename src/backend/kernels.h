@@ -44,8 +44,7 @@ class Kernels {
   // those dims removed (no keepdim handling here).
   enum class Reduce : uint8_t { Sum, Mean, Max, Min };
   virtual void reduce(Reduce op, const Tensor& a, const std::vector<int64_t>& dims, Tensor& out) = 0;
-  virtual void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction,
-                   Tensor& out) = 0;
+  virtual void var(const Tensor& a, const std::vector<int64_t>& dims, int64_t correction, Tensor& out) = 0;
   virtual void argmax(const Tensor& a, int64_t dim, Tensor& out) = 0;
 
   // out[b] = a[b] @ b[b]: a [B, m, k], b [B, k, n] (any strides), out [B, m, n] contiguous.
@@ -58,38 +57,31 @@ class Kernels {
 
   // Along `dim` of a contiguous-or-strided input; out contiguous with a's shape.
   virtual void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) = 0;
-  virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log,
-                                Tensor& grad_in) = 0;
+  virtual void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log, Tensor& grad_in) = 0;
 
   // x viewed as [rows, cols] (contiguous); weight/bias [cols] or undefined.
   // mean/rstd are [rows] in x's dtype for F32/F64 and F32 for BF16/F16.
-  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
-                          Tensor& out, Tensor& mean, Tensor& rstd) = 0;
-  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                                   const Tensor& rstd, const Tensor& weight, Tensor& grad_in,
-                                   Tensor& grad_weight, Tensor& grad_bias) = 0;
-  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out,
-                        Tensor& rstd) = 0;
-  virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd,
-                                 const Tensor& weight, Tensor& grad_in, Tensor& grad_weight) = 0;
+  virtual void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& out,
+                          Tensor& mean, Tensor& rstd) = 0;
+  virtual void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias) = 0;
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out, Tensor& rstd) = 0;
+  virtual void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd, const Tensor& weight,
+                                 Tensor& grad_in, Tensor& grad_weight) = 0;
 
-  virtual void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx,
-                             Tensor& grad_in) = 0;
+  virtual void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx, Tensor& grad_in) = 0;
   virtual void silu_backward(const Tensor& grad_out, const Tensor& x, Tensor& grad_in) = 0;
 
   // table [V, D]; ids flat [N] integer; out [N, D].
   virtual void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out) = 0;
   // grad_table [V, D] zeroed by the caller; grad_out [N, D]; ids [N].
-  virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, bool masked,
-                                  Tensor& grad_table) = 0;
+  virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, bool masked, Tensor& grad_table) = 0;
 
   // logits [N, C]; targets [N]; losses [N] (0 for ignored rows). Returns via `losses`.
-  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                             Tensor& losses) = 0;
+  virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) = 0;
   // grad_rows [N] = upstream gradient per row (already scaled for Mean); out [N, C].
-  virtual void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits,
-                                      const Tensor& targets, int64_t ignore_index,
-                                      Tensor& grad_logits) = 0;
+  virtual void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets,
+                                      int64_t ignore_index, Tensor& grad_logits) = 0;
 
   // Fused attention over the leading (batch) dims of q [..., Sq, D], k [..., Sk, D],
   // v [..., Sk, Dv] (any strides with unit stride along the last dim; one dtype);

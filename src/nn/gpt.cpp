@@ -12,20 +12,24 @@ GPT::GPT(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed) : confi
                "expected positive vocab, block_size and dim, got vocab ", config.vocab, ", block_size ",
                config.block_size, ", dim ", config.dim);
   if (config_.mlp_hidden == 0) config_.mlp_hidden = 4 * config_.dim;
-  tokens_ = register_module("tokens", std::make_shared<Embedding>(mesh, config_.vocab, config_.dim, derive_seed(seed, 0)));
-  positions_ = register_module("positions",
-                               std::make_shared<Embedding>(mesh, config_.block_size, config_.dim, derive_seed(seed, 1)));
+  tokens_ =
+      register_module("tokens", std::make_shared<Embedding>(mesh, config_.vocab, config_.dim, derive_seed(seed, 0)));
+  positions_ = register_module(
+      "positions", std::make_shared<Embedding>(mesh, config_.block_size, config_.dim, derive_seed(seed, 1)));
   dropout_ = register_module("dropout", std::make_shared<Dropout>(config_.dropout, derive_seed(seed, 2)));
-  BlockConfig block{config_.dim, config_.heads, config_.mlp_hidden, config_.activation, config_.rms_norm,
-                    config_.bias, config_.dropout, config_.layers};
+  BlockConfig block{config_.dim,      config_.heads, config_.mlp_hidden, config_.activation,
+                    config_.rms_norm, config_.bias,  config_.dropout,    config_.layers};
   for (int64_t i = 0; i < config_.layers; ++i) {
     blocks_.push_back(register_module("blocks." + std::to_string(i),
                                       std::make_shared<TransformerBlock>(mesh, block, derive_seed(seed, 100 + i))));
   }
-  norm_ = config_.rms_norm ? std::shared_ptr<Module>(register_module("norm", std::make_shared<RMSNorm>(mesh, config_.dim)))
-                           : std::shared_ptr<Module>(register_module("norm", std::make_shared<LayerNorm>(mesh, config_.dim, 1e-5, config_.bias)));
+  norm_ = config_.rms_norm
+              ? std::shared_ptr<Module>(register_module("norm", std::make_shared<RMSNorm>(mesh, config_.dim)))
+              : std::shared_ptr<Module>(
+                    register_module("norm", std::make_shared<LayerNorm>(mesh, config_.dim, 1e-5, config_.bias)));
   if (!config_.tie_weights) {
-    head_ = register_module("head", std::make_shared<Linear>(mesh, config_.dim, config_.vocab, false, derive_seed(seed, 3)));
+    head_ = register_module("head",
+                            std::make_shared<Linear>(mesh, config_.dim, config_.vocab, false, derive_seed(seed, 3)));
   }
 }
 

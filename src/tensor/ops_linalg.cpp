@@ -8,13 +8,13 @@ namespace {
 
 void check_matmul_operands(const Tensor& a, const Tensor& b, const char* op) {
   DT_CHECK_ARG(a.defined() && b.defined(), op, "expected defined tensors");
-  DT_CHECK_ARG(a.dim() >= 1 && b.dim() >= 1, op, "expected tensors with at least 1 dim, got ",
-               a.shape(), " and ", b.shape());
+  DT_CHECK_ARG(a.dim() >= 1 && b.dim() >= 1, op, "expected tensors with at least 1 dim, got ", a.shape(), " and ",
+               b.shape());
   DT_CHECK_ARG(is_floating(a.dtype()), op, "expected a floating dtype, got ", dtype_name(a.dtype()));
   DT_CHECK_ARG(a.dtype() == b.dtype(), op, "dtypes differ: a is ", dtype_name(a.dtype()), ", b is ",
                dtype_name(b.dtype()));
-  DT_CHECK_ARG(a.device() == b.device(), op, "devices differ: a is on ", a.device().to_string(),
-               ", b on ", b.device().to_string());
+  DT_CHECK_ARG(a.device() == b.device(), op, "devices differ: a is on ", a.device().to_string(), ", b on ",
+               b.device().to_string());
 }
 
 // The common [batch..., m, k] @ [k, n] (a 1-D a is one row): one GEMM with all batch
@@ -50,8 +50,7 @@ Tensor matmul_2d_or_more(const Tensor& a, const Tensor& b, const char* op) {
   b_full.insert(b_full.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
   Tensor out = Tensor::empty({batch_numel, m, n}, a.dtype(), a.device());
-  kernels.matmul(a.expand(a_full).reshape({batch_numel, m, k}),
-                 b.expand(b_full).reshape({batch_numel, k, n}), out);
+  kernels.matmul(a.expand(a_full).reshape({batch_numel, m, k}), b.expand(b_full).reshape({batch_numel, k, n}), out);
   return out.view(out_shape);
 }
 
@@ -62,8 +61,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   // NumPy's 1-D rules: a vector on the left is a row, on the right a column, and the
   // added dim is removed from the result.
   const bool a_vector = a.dim() == 1, b_vector = b.dim() == 1;
-  Tensor out = matmul_2d_or_more(a_vector ? a.unsqueeze(0) : a, b_vector ? b.unsqueeze(1) : b,
-                                 "matmul");
+  Tensor out = matmul_2d_or_more(a_vector ? a.unsqueeze(0) : a, b_vector ? b.unsqueeze(1) : b, "matmul");
   if (a_vector) out = out.squeeze(-2);
   if (b_vector) out = out.squeeze(-1);
   return out;
@@ -72,11 +70,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
   check_matmul_operands(x, w, "linear");
   DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
-  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(),
-               ", weight is ", w.shape(), " (expected x[..., ", w.size(1), "])");
+  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(), ", weight is ", w.shape(),
+               " (expected x[..., ", w.size(1), "])");
   if (!bias) return matmul(x, w.t());
-  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0),
-               "], got ", bias->shape());
+  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0), "], got ", bias->shape());
   // A bias of another dtype or device: add()'s promotion and errors.
   if (bias->dtype() != x.dtype() || bias->device() != x.device()) return add(matmul(x, w.t()), *bias);
   // One GEMM over all rows of x with the bias in its epilogue.

@@ -34,30 +34,25 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out);
 void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out);
 
 void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out);
-void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log,
-                      Tensor& grad_in);
-void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& out,
-                Tensor& mean, Tensor& rstd);
-void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& weight, Tensor& grad_in,
-                         Tensor& grad_weight, Tensor& grad_bias);
+void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log, Tensor& grad_in);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, Tensor& out, Tensor& mean,
+                Tensor& rstd);
+void layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& weight, Tensor& grad_in, Tensor& grad_weight, Tensor& grad_bias);
 void rms_norm(const Tensor& x, const Tensor& weight, double eps, Tensor& out, Tensor& rstd);
-void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd,
-                       const Tensor& weight, Tensor& grad_in, Tensor& grad_weight);
+void rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd, const Tensor& weight,
+                       Tensor& grad_in, Tensor& grad_weight);
 void gelu_backward(const Tensor& grad_out, const Tensor& x, GeluApprox approx, Tensor& grad_in);
 void silu_backward(const Tensor& grad_out, const Tensor& x, Tensor& grad_in);
 void embedding(const Tensor& table, const Tensor& ids, bool masked, Tensor& out);
 void embedding_backward(const Tensor& grad_out, const Tensor& ids, bool masked, Tensor& grad_table);
-void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                   Tensor& losses);
-void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets,
-                            int64_t ignore_index, Tensor& grad_logits);
+void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses);
+void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                            Tensor& grad_logits);
 
-void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
-               Tensor& lse);
+void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, bool causal, double scale, Tensor& grad_q, Tensor& grad_k,
-                        Tensor& grad_v);
+                        const Tensor& lse, bool causal, double scale, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v);
 
 bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq);
 

@@ -33,9 +33,9 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -155,8 +155,7 @@ std::optional<int> pinned_engine() {
     }
     std::string names;
     for (const auto& e : engines) names += std::string(names.empty() ? "" : ", ") + e->name();
-    DT_CHECK_ARG(false, "matmul", "DTENSOR_GEMM_ENGINE=", want, " is not an engine of this build (", names,
-                 ", auto)");
+    DT_CHECK_ARG(false, "matmul", "DTENSOR_GEMM_ENGINE=", want, " is not an engine of this build (", names, ", auto)");
     return std::nullopt;
   }();
   return pinned;
@@ -168,8 +167,8 @@ std::vector<Route> routes_for(DType dtype) {
   std::vector<Route> routes;
   for (int e = 0; e < static_cast<int>(engines.size()); ++e) {
     if (pinned && e != *pinned) continue;
-    const bool native = dtype == DType::F32 || dtype == DType::F64 ||
-                        (dtype == DType::BF16 && engines[e]->native_bf16());
+    const bool native =
+        dtype == DType::F32 || dtype == DType::F64 || (dtype == DType::BF16 && engines[e]->native_bf16());
     if (native) routes.push_back({e, false});
   }
   if (dtype == DType::BF16 || dtype == DType::F16) routes.push_back({0, true});
@@ -186,7 +185,8 @@ std::vector<Route> routes_for(DType dtype) {
 int default_route(const std::vector<Route>& routes) {
   const auto& engines = gemm_engines();
   for (size_t i = 0; i < routes.size(); ++i) {
-    if (!routes[i].via_f32 && std::strcmp(engines[routes[i].engine]->name(), "openblas") == 0) return static_cast<int>(i);
+    if (!routes[i].via_f32 && std::strcmp(engines[routes[i].engine]->name(), "openblas") == 0)
+      return static_cast<int>(i);
   }
   return 0;
 }
@@ -359,8 +359,7 @@ void add_bias(T* z, int64_t rows, int64_t cols, int64_t ld, const T* bias) {
 }
 
 template <class T, class Run>
-void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k, T* c,
-               Run&& run) {
+void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k, T* c, Run&& run) {
   const std::vector<Tile> work = tiles(batch, m, n, k);
   const T* pa = static_cast<const T*>(a.t.data_ptr());
   const T* pb = static_cast<const T*>(b.t.data_ptr());
