@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
+#include <numeric>
 #include <thread>
 
+#include "comm/block_all_to_all.h"
 #include "test_comm_cases.h"
 #include "test_helpers.h"
 
@@ -43,8 +46,7 @@ TEST_P(ThreadsCase, MatchesDirectComputation) {
 
 INSTANTIATE_TEST_SUITE_P(Comm, ThreadsCase, ::testing::ValuesIn(all_cases()),
                          [](const ::testing::TestParamInfo<CaseAndSize>& info) {
-                           return std::string(info.param.c.name) + "_world" +
-                                  std::to_string(info.param.world);
+                           return std::string(info.param.c.name) + "_world" + std::to_string(info.param.world);
                          });
 
 // Runs launch and returns the message of the exception it rethrows ("" if none).
@@ -107,27 +109,28 @@ TEST(CommThreads, RankThatReturnedFailsItsPeersAtOnce) {
   // Rank 1 returns after its (async) call without the next one rank 0 makes, rank 2
   // without the send rank 0 waits for: rank 0 learns it at once, not at the timeout.
   std::string collective, receive;
-  EXPECT_THROW(launch(3, [&](Group world) {
-                 Group pair = world.split(world.rank() < 2 ? 0 : 1);
-                 if (world.rank() == 1) {
-                   Tensor t = Tensor::ones({4});
-                   all_reduce_async(pair, t, t).wait();
-                   return;
-                 }
-                 if (world.rank() == 2) return;
-                 all_reduce(pair, Tensor::ones({4}));  // matches rank 1's async call
-                 try {
-                   all_reduce(pair, Tensor::ones({4}));
-                 } catch (const std::runtime_error& e) {
-                   collective = e.what();
-                 }
-                 try {
-                   recv(world, Tensor::empty({1}), 2);
-                 } catch (const std::runtime_error& e) {
-                   receive = e.what();
-                   throw;
-                 }
-               }),
+  EXPECT_THROW(launch(3,
+                      [&](Group world) {
+                        Group pair = world.split(world.rank() < 2 ? 0 : 1);
+                        if (world.rank() == 1) {
+                          Tensor t = Tensor::ones({4});
+                          all_reduce_async(pair, t, t).wait();
+                          return;
+                        }
+                        if (world.rank() == 2) return;
+                        all_reduce(pair, Tensor::ones({4}));  // matches rank 1's async call
+                        try {
+                          all_reduce(pair, Tensor::ones({4}));
+                        } catch (const std::runtime_error& e) {
+                          collective = e.what();
+                        }
+                        try {
+                          recv(world, Tensor::empty({1}), 2);
+                        } catch (const std::runtime_error& e) {
+                          receive = e.what();
+                          throw;
+                        }
+                      }),
                std::runtime_error);
   EXPECT_TRUE(contains(collective, "[all_reduce] rank 1 (launch rank 1) of group 'world/c0'")) << collective;
   EXPECT_TRUE(contains(collective, "returned from its launch function without making this call")) << collective;
@@ -166,7 +169,8 @@ TEST(CommThreads, TimeoutsOutsideOneMillisecondToOneYearAreRejected) {
   for (const char* bad : {"0", "-1", "0.0001", "inf", "-inf", "nan", "1e300", "31536001", "5s", "", "ten"}) {
     EXPECT_THROW_MSG(comm::parse_timeout_seconds(bad), std::invalid_argument,
                      std::string("[DTENSOR_TIMEOUT_S] expected a number of seconds from 0.001 to 31536000 "
-                                 "(1 ms to one year), got '") + bad + "'");
+                                 "(1 ms to one year), got '") +
+                         bad + "'");
   }
   EXPECT_EQ(comm::parse_timeout_seconds("0.001"), 1ms);
   EXPECT_EQ(comm::parse_timeout_seconds("2.5"), 2500ms);
@@ -188,8 +192,10 @@ TEST(CommThreads, DifferentCollectivesNameBothCalls) {
   launch(2, [&](Group world) {
     Tensor t = Tensor::ones({8});
     try {
-      if (world.rank() == 0) all_reduce(world, t);
-      else all_gather(world, t, 0, {8, 8});
+      if (world.rank() == 0)
+        all_reduce(world, t);
+      else
+        all_gather(world, t, 0, {8, 8});
     } catch (const std::invalid_argument& e) {
       const std::string msg = e.what();
       EXPECT_TRUE(contains(msg, "rank 0 called all_reduce(f32, 8 elements, sum)")) << msg;
@@ -219,8 +225,10 @@ TEST(CommThreads, DifferentSizesAndSplitsAreMismatches) {
     // Split sizes on some ranks and none on others (equal either way) is a mismatch:
     // on MPI the two are different routines.
     try {
-      if (world.rank() == 0) all_to_all_into(world, in, out);
-      else all_to_all_into(world, in, out, {2, 2, 2}, {2, 2, 2});
+      if (world.rank() == 0)
+        all_to_all_into(world, in, out);
+      else
+        all_to_all_into(world, in, out, {2, 2, 2}, {2, 2, 2});
       ADD_FAILURE() << "no error";
     } catch (const std::invalid_argument& e) {
       EXPECT_TRUE(contains(e.what(), "rank 0 called all_to_all(f32, counts [2, 2, 2] -> [2, 2, 2], no split sizes)"))
@@ -247,14 +255,71 @@ TEST(CommThreads, P2PSizeMismatchIsReportedOnBothSides) {
   std::atomic<int> errors{0};
   launch(2, [&](Group world) {
     try {
-      if (world.rank() == 0) send(world, Tensor::ones({4}), 1, 3);
-      else recv(world, Tensor::empty({3}), 0, 3);
+      if (world.rank() == 0)
+        send(world, Tensor::ones({4}), 1, 3);
+      else
+        recv(world, Tensor::empty({3}), 0, 3);
     } catch (const std::invalid_argument& e) {
       EXPECT_TRUE(contains(e.what(), "rank 0 sent 16 bytes of f32 with tag 3 to rank 1")) << e.what();
       errors++;
     }
   });
   EXPECT_EQ(errors.load(), 2);
+}
+
+// The copy plans of the strided exchange (run here by the host, as 2D copies on a
+// GPU): each element of the piece lands where the element-by-element walk puts it,
+// exactly once; layouts that cut the stream alike (or a dense side) take one copy,
+// others one per run of a lcm(widths) period.
+TEST(CommThreads, PieceCopyPlansMoveEachElementOnceInFewCopies) {
+  auto layout = [](int64_t rows, int64_t stride, int64_t offset, int64_t width) {
+    comm::BlockLayout l;
+    l.rows = rows;
+    l.stride = stride;
+    l.offsets = {offset};
+    l.widths = {width};
+    return l;
+  };
+  // Where element i of the piece lies.
+  auto at = [](const comm::BlockLayout& l, int64_t i) {
+    return l.offsets[0] + i / l.widths[0] * l.stride + i % l.widths[0];
+  };
+  auto check = [&](const comm::BlockLayout& to, const comm::BlockLayout& from, size_t max_copies) {
+    const std::string what = "to " + std::to_string(to.rows) + "x" + std::to_string(to.widths[0]) + " from " +
+                             std::to_string(from.rows) + "x" + std::to_string(from.widths[0]);
+    const std::vector<comm::PieceCopy> plan = comm::plan_piece_copy(to, 0, from, 0);
+    EXPECT_LE(plan.size(), max_copies) << what;
+    std::map<int64_t, int64_t> source_of;  // destination element -> source element
+    for (const comm::PieceCopy& c : plan) {
+      EXPECT_GE(c.dst_pitch, c.width) << what;
+      EXPECT_GE(c.src_pitch, c.width) << what;
+      for (int64_t h = 0; h < c.height; ++h) {
+        for (int64_t w = 0; w < c.width; ++w) {
+          EXPECT_TRUE(source_of.emplace(c.dst_offset + h * c.dst_pitch + w, c.src_offset + h * c.src_pitch + w).second)
+              << what << ": element written twice";
+        }
+      }
+    }
+    ASSERT_EQ(static_cast<int64_t>(source_of.size()), from.count(0)) << what;
+    for (int64_t i = 0; i < from.count(0); ++i)
+      EXPECT_EQ(source_of[at(to, i)], at(from, i)) << what << " element " << i;
+  };
+  check(layout(6, 10, 2, 3), layout(6, 8, 1, 3), 1);   // the same width: one 2D copy
+  check(layout(1, 0, 5, 18), layout(6, 8, 1, 3), 1);   // a dense destination
+  check(layout(3, 6, 0, 6), layout(6, 8, 1, 3), 1);    // dense rows (stride == width)
+  check(layout(1, 0, 0, 18), layout(1, 0, 7, 18), 1);  // both dense: one flat copy
+  check(layout(4, 9, 1, 6), layout(6, 7, 2, 4), 4);    // widths 6 and 4: 4 runs per 12, twice
+  check(layout(3, 11, 0, 5), layout(5, 4, 0, 3), 7);   // widths 5 and 3: one period of 7 runs
+  check(layout(0, 4, 0, 3), layout(0, 5, 0, 3), 0);    // empty
+  for (int64_t fw = 1; fw <= 5; ++fw) {
+    for (int64_t tw = 1; tw <= 5; ++tw) {
+      for (int64_t periods = 1; periods <= 3; ++periods) {
+        const int64_t count = std::lcm(fw, tw) * periods;
+        check(layout(count / tw, tw + 2, 3, tw), layout(count / fw, fw + 1, 1, fw),
+              static_cast<size_t>(count / fw + count / tw));
+      }
+    }
+  }
 }
 
 TEST(CommThreads, AsyncOverlapsWithComputeAndKeepsOrder) {
@@ -336,17 +401,17 @@ TEST(CommThreads, UndefinedGroupAndBadArgumentsAreRejected) {
     EXPECT_THROW(reduce_scatter(world, Tensor::ones({4}), ReduceOp::Sum, 0, {1, 1}), std::invalid_argument);
     EXPECT_THROW_MSG(all_gather(world, Tensor::ones({2, 3}), 0, {5, 5}), std::invalid_argument,
                      "sizes say rank " + std::to_string(world.rank()));
-    EXPECT_THROW_MSG(all_gather_into(world, Tensor::ones({2, 3}), Tensor::empty({4, 2})),
-                     std::invalid_argument, "output shape must be [4, 3], got [4, 2]");
+    EXPECT_THROW_MSG(all_gather_into(world, Tensor::ones({2, 3}), Tensor::empty({4, 2})), std::invalid_argument,
+                     "output shape must be [4, 3], got [4, 2]");
     // all_to_all: an odd dim 0 without split sizes, a wrong number of sizes, a wrong sum.
     EXPECT_THROW_MSG(all_to_all(world, Tensor::ones({3})), std::invalid_argument,
                      "without input split sizes, dim 0 (3) must divide by the group size 2");
-    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4}), Tensor::empty({4}), {2, 2}, {4}),
-                     std::invalid_argument, "expected 2 input split sizes, got [4]");
+    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4}), Tensor::empty({4}), {2, 2}, {4}), std::invalid_argument,
+                     "expected 2 input split sizes, got [4]");
     EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4}), Tensor::empty({4}), {1, 2}, {2, 2}),
                      std::invalid_argument, "split sizes must sum to dim 0: output [4] with [1, 2]");
-    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4, 2}), Tensor::empty({4, 3})),
-                     std::invalid_argument, "input and output must agree after dim 0");
+    EXPECT_THROW_MSG(all_to_all_into(world, Tensor::ones({4, 2}), Tensor::empty({4, 3})), std::invalid_argument,
+                     "input and output must agree after dim 0");
     // The strided exchange: a piece past the end of its tensor.
     Tensor in = Tensor::ones({4}), out = Tensor::empty({4});
     comm::BlockLayout wide = comm::blocks_along(in, 0, {2, 2});
@@ -356,9 +421,9 @@ TEST(CommThreads, UndefinedGroupAndBadArgumentsAreRejected) {
   });
   launch(1, [&](Group alone) {
     Tensor in = Tensor::ones({4}), out = Tensor::empty({3});
-    EXPECT_THROW_MSG(comm::all_to_all_blocks(alone, in, comm::blocks_along(in, 0, {4}), out,
-                                             comm::blocks_along(out, 0, {3})),
-                     std::invalid_argument, "a group of one sends 4 elements to itself but expects 3");
+    EXPECT_THROW_MSG(
+        comm::all_to_all_blocks(alone, in, comm::blocks_along(in, 0, {4}), out, comm::blocks_along(out, 0, {3})),
+        std::invalid_argument, "a group of one sends 4 elements to itself but expects 3");
   });
 }
 

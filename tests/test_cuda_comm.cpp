@@ -7,8 +7,10 @@
 // visible (except the last test, which runs only there: device buffers without a
 // GPU fail cleanly); the combiners are the host reduction's (comm/reduce_ops.h),
 // which the CPU comm suites cover.
+#include "comm/block_all_to_all.h"
 #include "comm/call_context.h"
 #include "dtensor/comm_backend.h"
+#include "dtensor/cuda.h"
 #include "dtensor/dist_tensor.h"
 #include "dtensor/group.h"
 #include "dtensor/ops.h"
@@ -200,16 +202,96 @@ TEST(CudaComm, TensorsOnDifferentKindsOfDeviceAreErrorsNamingThem) {
     Tensor g = x.to(kGpu);
     all_reduce_(world, g, ReduceOp::Sum);
     expect_identical(g, x * 2.0, "all_reduce after the errors");
-    // Point-to-point on CUDA tensors is not supported yet: said, not crashed.
+    // Point-to-point between a GPU buffer and a CPU one: both sides fail, naming them.
     if (world.rank() == 0) {
-      EXPECT_THROW_MSG(send(world, g, 1), std::runtime_error, "send/recv of CUDA tensors is not supported");
+      EXPECT_THROW_MSG(send(world, g, 1, 4), std::invalid_argument,
+                       "rank 0 sent 16 bytes of f32, on cuda:0 with tag 4 to rank 1, which posted a recv of 16 "
+                       "bytes of f32 (send/recv does not copy between the CPU and a GPU");
+    } else {
+      EXPECT_THROW_MSG(recv(world, Tensor::empty({4}), 0, 4), std::invalid_argument, "does not copy between");
     }
   });
 }
 
+// send/recv of CUDA tensors: a ring of batched send/recv in every dtype against the
+// same ring on CPU tensors; a receive into a strided view; stream order on both sides
+// (the sender overwrites its buffer right after wait(), the receiver computes on the
+// data right after its wait(), neither synchronising the host).
+TEST(CudaComm, SendRecvOfCudaTensorsMatchesTheCpuAndIsStreamOrdered) {
+  REQUIRE_GPU();
+  for (int n : {2, 4}) {
+    launch(n, [&](Group world) {
+      const int r = world.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+      for (DType t : kAll) {
+        const Tensor mine = rank_values({37, 3}, t, r, 11);
+        Tensor want = Tensor::empty({37, 3}, t);
+        batch_send_recv(world, {P2POp::send(mine, next, 1), P2POp::recv(want, prev, 1)});
+        Tensor got = Tensor::empty({37, 3}, t, kGpu);
+        batch_send_recv(world, {P2POp::recv(got, prev, 1), P2POp::send(mine.to(kGpu), next, 1)});
+        expect_identical(got, want, label("send/recv ring", t, n));
+      }
+      // Into a transposed view (received contiguous, then copied into place).
+      const Tensor m = rank_values({5, 7}, DType::F32, r, 12);
+      Tensor holder = Tensor::zeros({7, 5}, DType::F32, kGpu);
+      Tensor view = holder.transpose(0, 1);
+      batch_send_recv(world, {P2POp::send(m.to(kGpu), next, 2), P2POp::recv(view, prev, 2)});
+      expect_identical(holder, rank_values({5, 7}, DType::F32, prev, 12).transpose(0, 1).contiguous(),
+                       label("recv into a strided view", DType::F32, n));
+      // Stream order: 4M elements, so that the copy is still queued when the ranks go on.
+      Tensor big = Tensor::full({1 << 22}, static_cast<double>(r + 1), DType::F32, kGpu);
+      Tensor in = Tensor::empty({1 << 22}, DType::F32, kGpu);
+      Work sent = send_async(world, big, next, 3);
+      Work received = recv_async(world, in, prev, 3);
+      sent.wait();
+      big.fill_(-1.0);  // queued after the copy has read the buffer
+      received.wait();
+      const Tensor doubled = in * 2.0;  // queued after the copy has written it
+      const Tensor back = sum(doubled.to(DType::F64)).to(Device::cpu());
+      EXPECT_EQ(back.item<double>(), 2.0 * (prev + 1) * (1 << 22)) << label("stream order", DType::F32, n);
+      cuda::synchronize(0);
+      EXPECT_TRUE(sent.is_completed() && received.is_completed());
+    });
+  }
+}
+
+// The strided-block exchange (Shard(d) -> Shard(e) without packing) on CUDA tensors:
+// column blocks sent, row blocks received, uneven sizes, against the CPU exchange.
+TEST(CudaComm, StridedBlockExchangeMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (int n : {1, 2, 3}) {
+    launch(n, [&](Group world) {
+      const int r = world.rank();
+      std::vector<int64_t> d_sizes(n), e_sizes(n);
+      int64_t rows = 0, cols = 0;
+      for (int k = 0; k < n; ++k) {
+        rows += (d_sizes[k] = k + 1);
+        cols += (e_sizes[k] = 2 * k + 3);
+      }
+      for (DType t : {DType::F32, DType::BF16, DType::I64}) {
+        // [d_r, cols, 2] cut along dim 1, received as [rows, e_r, 2] along dim 0; and
+        // [2, d_r, cols] along dim 2 into [2, rows, e_r] along dim 1 (strided both sides).
+        for (bool both_strided : {false, true}) {
+          const Shape in_shape = both_strided ? Shape{2, d_sizes[r], cols} : Shape{d_sizes[r], cols, 2};
+          const Shape out_shape = both_strided ? Shape{2, rows, e_sizes[r]} : Shape{rows, e_sizes[r], 2};
+          const int64_t cut = both_strided ? 2 : 1, stack = both_strided ? 1 : 0;
+          const Tensor in = rank_values(in_shape, t, r, 13);
+          Tensor want = Tensor::empty(out_shape, t), got = Tensor::empty(out_shape, t, kGpu);
+          comm::all_to_all_blocks(world, in, comm::blocks_along(in, cut, e_sizes), want,
+                                  comm::blocks_along(want, stack, d_sizes));
+          const Tensor in_gpu = in.to(kGpu);
+          comm::all_to_all_blocks(world, in_gpu, comm::blocks_along(in_gpu, cut, e_sizes), got,
+                                  comm::blocks_along(got, stack, d_sizes));
+          expect_identical(got, want, label("all_to_all_blocks", t, n, both_strided ? " strided both sides" : ""));
+        }
+      }
+    });
+  }
+}
+
 // Where no GPU is (or the build has no CUDA), a backend call told its buffers are on
 // a GPU fails on every rank before the rendezvous (no rank waits for another), with
-// the device named, and the group goes on working on the CPU.
+// the device named, and the group goes on working on the CPU; a send/recv batch
+// with a device buffer posts nothing.
 TEST(CudaComm, DeviceBuffersWithoutAGpuFailOnEveryRankBeforeAnyDataMoves) {
   if (cuda_is_available()) GTEST_SKIP() << "a GPU is visible: the GPU tests above cover this path";
   launch(2, [](Group world) {
@@ -219,9 +301,20 @@ TEST(CudaComm, DeviceBuffersWithoutAGpuFailOnEveryRankBeforeAnyDataMoves) {
       EXPECT_THROW_MSG(world.impl()->all_reduce(data, data, 4, DType::F32, ReduceOp::Sum, false), std::runtime_error,
                        "cuda:0");
     }
+    // A batch with a device buffer in it is posted whole or not at all: its CPU
+    // send is not left behind to match the next call's receive.
+    const int peer = 1 - world.rank();
+    float host[4] = {9, 9, 9, 9};
+    comm::P2PBuffer cpu_send{true, host, sizeof(host), DType::F32, peer, 7};
+    comm::P2PBuffer gpu_recv{false, data, sizeof(data), DType::F32, peer, 7, Device::cuda(0)};
+    EXPECT_THROW_MSG(world.impl()->send_recv({cpu_send, gpu_recv}), std::runtime_error, "cuda:0");
     Tensor x = Tensor::ones({4});
     all_reduce_(world, x, ReduceOp::Sum);
     EXPECT_TRUE(allclose(x, Tensor::full({4}, 2.0)));
+    Tensor got = Tensor::zeros({4});
+    batch_send_recv(world,
+                    {P2POp::send(x * static_cast<double>(world.rank() + 1), peer, 7), P2POp::recv(got, peer, 7)});
+    EXPECT_TRUE(allclose(got, Tensor::full({4}, 2.0 * (peer + 1))));
     EXPECT_EQ(data[0], 1.0f);  // untouched
   });
 }

@@ -1,13 +1,15 @@
 // DistTensors, autograd and training on the GPU (label cuda): DistTensor::to(Device)
 // and its gradient, nn::Module::to(Device), and GPT training on one GPU, one rank,
-// DDP and FSDP (ZeRO-3) with two ranks sharing it, against the same training on the
-// CPU. Skips with a
+// DDP and FSDP (ZeRO-3) with two ranks sharing it, and a 2-stage pipeline (its
+// activations and gradients sent between the ranks as CUDA tensors), against the
+// same training on the CPU. Skips with a
 // message where no GPU is visible, except the checks that need none.
 #include "dtensor/data.h"
 #include "dtensor/nn/gpt.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
+#include "dtensor/parallel/pipeline_gpt.h"
 #include "dtensor/parallel/trainer.h"
 #include "test_helpers.h"
 
@@ -82,6 +84,43 @@ RunResult train(int world, Device device, int steps, bool fsdp = false) {
   return result;
 }
 
+// The same training as train(1, ...) through a GPT pipeline of `pp` stages (one per
+// rank) with two micro-batches per step, the stages and the batches on `device`.
+RunResult train_pipelined(int pp, Device device, int steps, parallel::ScheduleKind schedule) {
+  RunResult result;
+  const nn::GPTConfig config = tiny();
+  const int64_t global_batch = 8, micro_batches = 2;
+  std::mutex mutex;
+  launch(pp, [&](Group g) {
+    DeviceMesh mesh(g, {pp}, {"pp"});
+    parallel::PipelineMesh pipe_mesh(mesh);
+    parallel::GPTPipeline gpt(pipe_mesh, config, 42,
+                              {.schedule = schedule, .micro_batches = static_cast<int>(micro_batches)});
+    for (const auto& stage : gpt.stages()) stage->to(device);
+    SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
+    DistributedSampler sampler(data.size(), global_batch, 0, 1, 5, true, 1);
+    const int64_t rows = global_batch / micro_batches;
+    auto micro = [&](int64_t step, int64_t m, bool targets) {
+      const TokenBatch b = data.get_batch(sampler.micro_batch_at(step, 0));
+      const Tensor local = (targets ? b.targets : b.inputs).narrow(0, m * rows, rows).contiguous().to(device);
+      return DistTensor::from_local(local, pipe_mesh.stage_mesh(), {Replicate()}, Shape{rows, config.block_size});
+    };
+    std::unique_ptr<parallel::Pipeline> pipe = gpt.make_pipeline(
+        {}, [&](int64_t step, int64_t m) { return micro(step, m, false); },
+        [&](int64_t step, int64_t m) { return micro(step, m, true); });
+    AdamW optimizer(gpt.parameters(), 1e-2);
+    parallel::Trainer trainer(optimizer);
+    std::vector<double> losses;
+    for (int step = 0; step < steps; ++step) losses.push_back(trainer.step(step, *pipe).stats.loss);
+    for (const DistTensor& p : gpt.parameters()) EXPECT_EQ(p.device(), device);
+    const std::map<std::string, Tensor> params = gpt.state_dict();
+    std::lock_guard<std::mutex> lock(mutex);
+    if (g.rank() == 0) result.losses = losses;
+    for (const auto& [name, t] : params) result.params.emplace(name, t.to(Device::cpu()));
+  });
+  return result;
+}
+
 void expect_same_training(const RunResult& a, const RunResult& b, double rtol, const std::string& what) {
   ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
   for (size_t i = 0; i < a.losses.size(); ++i) {
@@ -152,6 +191,12 @@ TEST(ModuleTo, TheHarnessMatchesOneRankOnTheCpu) {
   expect_same_training(train(2, Device::cpu(), 3, true), one, 1e-5, "FSDP=2 on the CPU");
 }
 
+TEST(ModuleTo, ThePipelineHarnessMatchesOneRankOnTheCpu) {
+  const RunResult one = train(1, Device::cpu(), 3);
+  expect_same_training(train_pipelined(2, Device::cpu(), 3, parallel::ScheduleKind::OneFOneB), one, 1e-5,
+                       "1F1B over 2 stages on the CPU");
+}
+
 TEST(ModuleTo, GptTrainsOnOneGpuAsOnTheCpu) {
   REQUIRE_GPU();
   const RunResult cpu = train(1, Device::cpu(), 6);
@@ -170,4 +215,13 @@ TEST(ModuleTo, FsdpWithTwoRanksOnOneGpuMatchesTheCpu) {
   REQUIRE_GPU();
   const RunResult cpu = train(1, Device::cpu(), 6);
   expect_same_training(train(2, kGpu, 6, true), cpu, 1e-4, "FSDP (ZeRO-3) over 2 ranks on one GPU");
+}
+
+TEST(ModuleTo, APipelineOfTwoStagesOnOneGpuMatchesTheCpu) {
+  REQUIRE_GPU();
+  const RunResult cpu = train(1, Device::cpu(), 6);
+  for (parallel::ScheduleKind kind : {parallel::ScheduleKind::OneFOneB, parallel::ScheduleKind::ZeroBubble}) {
+    expect_same_training(train_pipelined(2, kGpu, 6, kind), cpu, 1e-4,
+                         std::string(parallel::schedule_kind_name(kind)) + " over 2 stages on one GPU");
+  }
 }

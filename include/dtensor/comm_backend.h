@@ -4,8 +4,9 @@
 // count calls (comm_debug.h) and then call one method below on raw buffers.
 //
 // Buffer conventions of every method:
-// - Buffers are contiguous host memory (or device memory of a backend that
-//   accepts_cuda_buffers(), for the collectives but not send_recv); counts are in elements of `dtype`.
+// - Buffers are contiguous host memory, or device memory of a backend that
+//   accepts_cuda_buffers() (the collectives learn it from the BufferDeviceScope,
+//   send_recv from P2PBuffer::device); counts are in elements of `dtype`.
 // - "Row blocks" (all_gather, reduce_scatter): a tensor concatenated along dim d is
 //   seen as `outer` rows (the product of the dims before d); rank r owns
 //   counts[r] consecutive elements of every row, at column offset
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/device.h"
 #include "dtensor/dtype.h"
 #include "dtensor/group.h"
 
@@ -45,6 +47,7 @@ struct P2PBuffer {
   DType dtype = DType::F32;
   int peer = 0;
   int tag = 0;
+  Device device = Device::cpu();  // where `data` lies
 };
 
 // Where one rank's all_to_all pieces lie in its buffer: the piece for (or from)
@@ -84,30 +87,28 @@ class GroupImpl {
   // Collective; nullptr for a negative color.
   virtual std::shared_ptr<GroupImpl> split(int color, int key) = 0;
 
-  virtual WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op,
+  virtual WorkPtr all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op, bool async) = 0;
+  virtual WorkPtr all_gather(const void* in, void* out, const std::vector<int64_t>& counts, int64_t outer, DType dtype,
                              bool async) = 0;
-  virtual WorkPtr all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
-                             int64_t outer, DType dtype, bool async) = 0;
-  virtual WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                                 int64_t outer, DType dtype, ReduceOp op, bool async) = 0;
+  virtual WorkPtr reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts, int64_t outer,
+                                 DType dtype, ReduceOp op, bool async) = 0;
   // send_counts[s] elements go to rank s, recv_counts[s] come from it, packed in
   // rank order in `in` and `out`. `equal_splits`: every rank of the call has all
   // counts equal and says so (the same on all ranks), so a backend may use its
   // equal-split routine (MPI_Alltoall instead of MPI_Alltoallv).
   virtual WorkPtr all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
-                             const std::vector<int64_t>& recv_counts, DType dtype,
-                             bool equal_splits, bool async) = 0;
+                             const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits, bool async) = 0;
   // all_to_all between strided pieces, synchronous. This default packs the pieces
   // into contiguous buffers around all_to_all(); a backend that can address its
   // peers' memory overrides it to copy between the blocks in place.
-  virtual void all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
-                                 const BlockLayout& recv, DType dtype);
+  virtual void all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
+                                 DType dtype);
   virtual WorkPtr broadcast(void* data, int64_t count, DType dtype, int root, bool async) = 0;
   // counts[r] elements from rank r, packed in rank order in root's `out`.
-  virtual WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts,
-                         DType dtype, int root, bool async) = 0;
-  virtual WorkPtr scatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                          DType dtype, int root, bool async) = 0;
+  virtual WorkPtr gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, int root,
+                         bool async) = 0;
+  virtual WorkPtr scatter(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, int root,
+                          bool async) = 0;
   virtual WorkPtr barrier(bool async) = 0;
   // Always non-blocking; the returned work covers every buffer of the batch.
   virtual WorkPtr send_recv(const std::vector<P2PBuffer>& ops) = 0;
@@ -134,8 +135,17 @@ class GroupImpl {
 
 // The names of one collective's kinds, used by error messages and comm counters.
 enum class CallKind : uint8_t {
-  AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Gather, Scatter, Barrier,
-  Send, Recv, Split
+  AllReduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Broadcast,
+  Gather,
+  Scatter,
+  Barrier,
+  Send,
+  Recv,
+  Split
 };
 const char* call_kind_name(CallKind kind);  // "all_reduce", ...
 

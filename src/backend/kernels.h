@@ -108,6 +108,17 @@ class Kernels {
 // build option when this build has none (e.g. CUDA without DTENSOR_WITH_CUDA).
 Kernels& kernels_for(Device device);
 
+// Puts `replacement` in the CPU table's place for the scope (the cross-device
+// conformance suite wraps the table to count which entries its cases reach). Scopes
+// do not nest; ops running on other threads meanwhile see either table.
+class ScopedCpuKernels {
+ public:
+  explicit ScopedCpuKernels(Kernels& replacement);
+  ~ScopedCpuKernels();
+  ScopedCpuKernels(const ScopedCpuKernels&) = delete;
+  ScopedCpuKernels& operator=(const ScopedCpuKernels&) = delete;
+};
+
 // Memory primitives per device, used by Storage and Tensor::to(Device).
 void* device_allocate(Device device, size_t bytes);
 void device_free(Device device, void* ptr, size_t bytes);

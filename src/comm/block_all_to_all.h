@@ -18,8 +18,23 @@ BlockLayout blocks_along(const Tensor& t, int64_t dim, const std::vector<int64_t
 // `output` (layout `recv`) from it. Both tensors contiguous, same dtype; what rank s
 // sends rank r must have the size r expects. Synchronous; counted by CommDebugMode
 // as one all_to_all of input.nbytes().
-void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayout& send,
-                       const Tensor& output, const BlockLayout& recv);
+void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayout& send, const Tensor& output,
+                       const BlockLayout& recv);
+
+// One strided copy of a piece exchange, in elements: `height` runs of `width`
+// elements, run h from src_offset + h * src_pitch to dst_offset + h * dst_pitch
+// (pitches >= width, as cudaMemcpy2D wants).
+struct PieceCopy {
+  int64_t dst_offset = 0, dst_pitch = 0, src_offset = 0, src_pitch = 0, width = 0, height = 0;
+};
+
+// The copies that move the element stream of piece `from_piece` of `from_layout`
+// into piece `to_piece` of `to_layout` (equal element counts): one where the two
+// cut the stream alike (the same width, or either side dense), else one per run of
+// a period of lcm(widths) elements, `height` periods each. copy_piece runs them on
+// the host, the threads backend as 2D copies on a GPU.
+std::vector<PieceCopy> plan_piece_copy(const BlockLayout& to_layout, int to_piece, const BlockLayout& from_layout,
+                                       int from_piece);
 
 // Copies the element stream of piece `from_piece` of `from_layout` in `src` into
 // piece `to_piece` of `to_layout` in `dst` (equal element counts).

@@ -19,30 +19,23 @@ Work send_recv_impl(const Group& group, const std::vector<P2POp>& ops) {
     const bool is_send = op.kind == P2POp::Kind::Send;
     const char* name = is_send ? "send" : "recv";
     check_tensor(group, op.tensor, name, name);
-    DT_CHECK_SUPPORTED(op.tensor.device().is_cpu(), name, "send/recv of CUDA tensors is not supported yet (",
-                       op.tensor.device().to_string(), "); use a collective, or copy to the CPU first");
-    DT_CHECK_ARG(op.peer >= 0 && op.peer < group.size(), name, "peer must be in [0, ",
-                 group.size(), "), got ", op.peer);
+    DT_CHECK_ARG(op.peer >= 0 && op.peer < group.size(), name, "peer must be in [0, ", group.size(), "), got ",
+                 op.peer);
     begin_call(name, group, static_cast<int64_t>(op.tensor.nbytes()));
     Tensor buffer = is_send ? op.tensor.contiguous() : writable(op.tensor).buffer;
     if (!is_send && !op.tensor.is_contiguous()) copies.push_back({op.tensor, buffer});
     keep.push_back(buffer);
-    buffers.push_back({is_send, buffer.data_ptr(), static_cast<int64_t>(buffer.nbytes()),
-                       buffer.dtype(), op.peer, op.tag});
+    buffers.push_back({is_send, buffer.data_ptr(), static_cast<int64_t>(buffer.nbytes()), buffer.dtype(), op.peer,
+                       op.tag, buffer.device()});
   }
-  return Work(std::make_shared<FinishingWork>(backend.send_recv(buffers), std::move(keep),
-                                              std::move(copies)));
+  return Work(std::make_shared<FinishingWork>(backend.send_recv(buffers), std::move(keep), std::move(copies)));
 }
 
 }  // namespace
 
-void send(const Group& group, const Tensor& tensor, int dst, int tag) {
-  send_async(group, tensor, dst, tag).wait();
-}
+void send(const Group& group, const Tensor& tensor, int dst, int tag) { send_async(group, tensor, dst, tag).wait(); }
 
-void recv(const Group& group, const Tensor& tensor, int src, int tag) {
-  recv_async(group, tensor, src, tag).wait();
-}
+void recv(const Group& group, const Tensor& tensor, int src, int tag) { recv_async(group, tensor, src, tag).wait(); }
 
 Work send_async(const Group& group, const Tensor& tensor, int dst, int tag) {
   return send_recv_impl(group, {P2POp::send(tensor, dst, tag)});
@@ -52,12 +45,8 @@ Work recv_async(const Group& group, const Tensor& tensor, int src, int tag) {
   return send_recv_impl(group, {P2POp::recv(tensor, src, tag)});
 }
 
-Work batch_send_recv_async(const Group& group, const std::vector<P2POp>& ops) {
-  return send_recv_impl(group, ops);
-}
+Work batch_send_recv_async(const Group& group, const std::vector<P2POp>& ops) { return send_recv_impl(group, ops); }
 
-void batch_send_recv(const Group& group, const std::vector<P2POp>& ops) {
-  send_recv_impl(group, ops).wait();
-}
+void batch_send_recv(const Group& group, const std::vector<P2POp>& ops) { send_recv_impl(group, ops).wait(); }
 
 }  // namespace dtensor

@@ -68,7 +68,8 @@ Header decode_header(const Tensor& header) {
 // "[*, *, 64]"
 std::string pattern_to_string(const std::vector<int64_t>& dims) {
   std::string out = "[";
-  for (size_t d = 0; d < dims.size(); ++d) out += (d ? ", " : "") + (dims[d] < 0 ? std::string("*") : std::to_string(dims[d]));
+  for (size_t d = 0; d < dims.size(); ++d)
+    out += (d ? ", " : "") + (dims[d] < 0 ? std::string("*") : std::to_string(dims[d]));
   return out + "]";
 }
 
@@ -169,11 +170,11 @@ struct Pipeline::Runtime {
   std::optional<DType> compute;
 
   struct Micro {
-    DistTensor input;        // the leaf the stage computed from (not on the first stage)
-    DistTensor output;       // the stage's output (sent on, or handed to the next stage here)
-    DistTensor root;         // what backward starts from (the output, or the scaled loss)
-    DistTensor input_grad;   // the gradient of `input`, for the previous stage
-    DeferredBackward weights;  // W of a split backward
+    DistTensor input;                     // the leaf the stage computed from (not on the first stage)
+    DistTensor output;                    // the stage's output (sent on, or handed to the next stage here)
+    DistTensor root;                      // what backward starts from (the output, or the scaled loss)
+    DistTensor input_grad;                // the gradient of `input`, for the previous stage
+    DeferredBackward weights;             // W of a split backward
     Tensor header, activation, gradient;  // receive buffers
     Work header_work, activation_work, gradient_work;
     bool activation_posted = false;
@@ -184,8 +185,8 @@ struct Pipeline::Runtime {
     Tensor tensor;
   };
   std::vector<Outgoing> outgoing;
-  DistTensor loss_sum;                 // the last stage's weighted losses (F64)
-  std::vector<DistTensor> outputs;     // forward-only: the last stage's outputs
+  DistTensor loss_sum;              // the last stage's weighted losses (F64)
+  std::vector<DistTensor> outputs;  // forward-only: the last stage's outputs
   int in_flight = 0;
   int64_t live_at_start = 0;
   std::map<int, size_t> last_backward;  // stage -> index of its last backward action
@@ -201,6 +202,14 @@ struct Pipeline::Runtime {
       if (s.stage == stage) return s;
     }
     throw std::logic_error("[pipeline] no local stage " + std::to_string(stage));
+  }
+
+  // Where stage `stage` receives its activations (PipelineStage::device).
+  Device device_of(int stage) const {
+    const PipelineStage& s = stage_at(stage);
+    if (s.device) return *s.device;
+    const std::vector<DistTensor> params = s.module->parameters();
+    return params.empty() ? Device::cpu() : params.front().device();
   }
 
   // Completed sends give their buffers back at once: an activation sent on is not
@@ -253,14 +262,15 @@ struct Pipeline::Runtime {
     const std::vector<int64_t>& want = stage_at(stage).input_shape;
     bool fits = want.empty() || want.size() == h.shape.size();
     for (size_t d = 0; fits && d < want.size(); ++d) fits = want[d] < 0 || want[d] == h.shape[d];
-    DT_CHECK_ARG(fits, kOp, "stage ", stage, " takes inputs ", pattern_to_string(want), "; stage ", stage - 1,
-                 " sent ", h.shape, " ", dtype_name(h.dtype), " for micro-batch ", m);
+    DT_CHECK_ARG(fits, kOp, "stage ", stage, " takes inputs ", pattern_to_string(want), "; stage ", stage - 1, " sent ",
+                 h.shape, " ", dtype_name(h.dtype), " for micro-batch ", m);
     DT_CHECK_ARG(h.placements.size() == static_cast<size_t>(stage_mesh().ndim()), kOp, "stage ", stage - 1,
                  " sent an activation laid out as ", placements_to_string(h.placements), " for a mesh of ",
                  h.placements.size(), " dims; stage ", stage, "'s mesh is ", stage_mesh().to_string());
     st.activation = Tensor::empty(local_shape(h.shape, stage_mesh().shape(), h.placements, stage_mesh().coordinate()),
-                                  h.dtype);
-    st.activation_work = recv_async(group(), st.activation, rank_of(stage - 1), message_tag({ActionKind::RecvActivation, stage, m}));
+                                  h.dtype, device_of(stage));
+    st.activation_work =
+        recv_async(group(), st.activation, rank_of(stage - 1), message_tag({ActionKind::RecvActivation, stage, m}));
     st.activation_posted = true;
   }
 
@@ -302,7 +312,7 @@ struct Pipeline::Runtime {
       DT_CHECK_ARG(loss.defined() && loss.numel() == 1, kOp, "the loss of micro-batch ", a.micro,
                    " must be one value, got ", loss.defined() ? loss.shape() : Shape{});
       const double weight = pipe.data_.weights.empty() ? 1.0 / schedule().micro_batches
-                                                        : pipe.data_.weights[static_cast<size_t>(a.micro)];
+                                                       : pipe.data_.weights[static_cast<size_t>(a.micro)];
       const DistTensor weighted = mul(loss, weight);
       {
         NoGradGuard no_record;
@@ -346,6 +356,7 @@ struct Pipeline::Runtime {
     const Placements layout = gradient_layout(st.input);
     if (!g.defined()) {
       g = zeros(st.input.shape(), st.input.mesh(), layout, st.input.dtype());
+      if (st.input.device() != g.device()) g = g.to(st.input.device());
     } else {
       if (g.placements() != layout) g = g.redistribute(layout);
       if (g.dtype() != st.input.dtype()) g = g.to(st.input.dtype());
@@ -410,9 +421,7 @@ struct Pipeline::Runtime {
   void execute(const Action& a, size_t index) {
     Micro& st = micro[{a.stage, a.micro}];
     switch (a.kind) {
-      case ActionKind::Forward:
-        forward(a, st);
-        break;
+      case ActionKind::Forward: forward(a, st); break;
       case ActionKind::Backward:
       case ActionKind::BackwardInput:
       case ActionKind::BackwardWeight: {
@@ -456,9 +465,9 @@ struct Pipeline::Runtime {
         DT_CHECK_ARG(st.output.defined(), kOp, a.to_string(),
                      " comes before the forward whose output's gradient it receives");
         const Placements layout = gradient_layout(st.output);
-        st.gradient = Tensor::empty(
-            local_shape(st.output.shape(), stage_mesh().shape(), layout, stage_mesh().coordinate()),
-            st.output.dtype());
+        st.gradient =
+            Tensor::empty(local_shape(st.output.shape(), stage_mesh().shape(), layout, stage_mesh().coordinate()),
+                          st.output.dtype(), st.output.device());
         st.gradient_work = recv_async(group(), st.gradient, rank_of(a.stage + 1), message_tag(a));
         record_transfer(a);
         break;
@@ -514,8 +523,8 @@ struct Pipeline::Runtime {
   }
 
   std::string context(const Action& a) const {
-    return detail::concat("[", kOp, "] stage ", a.stage, ", ", a.to_string(), " (step ", step, ", micro-batch ", a.micro,
-                          "): ");
+    return detail::concat("[", kOp, "] stage ", a.stage, ", ", a.to_string(), " (step ", step, ", micro-batch ",
+                          a.micro, "): ");
   }
 };
 
@@ -523,7 +532,10 @@ struct Pipeline::Runtime {
 
 Pipeline::Pipeline(const PipelineMesh& mesh, std::vector<PipelineStage> stages, Schedule schedule, PipelineData data,
                    std::vector<TiedParameter> tied)
-    : mesh_(mesh), schedule_(std::move(schedule)), data_(std::move(data)), stages_(std::move(stages)),
+    : mesh_(mesh),
+      schedule_(std::move(schedule)),
+      data_(std::move(data)),
+      stages_(std::move(stages)),
       tied_(std::move(tied)) {
   DT_CHECK_ARG(schedule_.ranks == mesh_.size(), kOp, "the schedule ", schedule_.name, " runs on ", schedule_.ranks,
                " pipeline ranks, the mesh ", mesh_.mesh().to_string(), " has ", mesh_.pp_dim(), "=", mesh_.size());
@@ -547,7 +559,8 @@ Pipeline::Pipeline(const PipelineMesh& mesh, std::vector<PipelineStage> stages, 
     return out.empty() ? std::string("none") : out;
   };
   DT_CHECK_ARG(got == want, kOp, "pipeline rank ", me, " runs stage", want.size() > 1 ? "s " : " ", list(want), " of ",
-               schedule_.name, " (", schedule_.stages, " stages on ", schedule_.ranks, " ranks), got stages ", list(got));
+               schedule_.name, " (", schedule_.stages, " stages on ", schedule_.ranks, " ranks), got stages ",
+               list(got));
   const bool first = me == schedule_.rank_of(0), last = me == schedule_.rank_of(schedule_.stages - 1);
   DT_CHECK_ARG(!first || data_.inputs, kOp, "the first stage needs PipelineData::inputs");
   DT_CHECK_ARG(!last || !schedule_.has_backward() || data_.loss, kOp, "the last stage needs PipelineData::loss");
@@ -611,7 +624,7 @@ void Pipeline::finish_gradient_sync() {
     Tensor sum;
     for (const DistTensor& p : copies) {
       const DistTensor g = gradient_in_param_layout(p);
-      const Tensor local = g.defined() ? g.to_local() : Tensor::zeros(p.to_local().shape(), p.dtype());
+      const Tensor local = g.defined() ? g.to_local() : Tensor::zeros(p.to_local().shape(), p.dtype(), p.device());
       sum = sum.defined() ? add(sum, local) : local.clone();
     }
     const Group& g = tied_groups_[k];
@@ -619,14 +632,14 @@ void Pipeline::finish_gradient_sync() {
       if (!tied_checked_) {
         // Every holder must hold the same piece: compare sizes and layouts once.
         const std::string layout = placements_to_string(copies[0].placements()) + " " + shape_to_string(sum.shape());
-        const std::vector<Tensor> all = all_gather_list(
-            g, Tensor::from_vector<int64_t>(std::vector<int64_t>(layout.begin(), layout.end()),
-                                            {static_cast<int64_t>(layout.size())}));
+        const std::vector<Tensor> all =
+            all_gather_list(g, Tensor::from_vector<int64_t>(std::vector<int64_t>(layout.begin(), layout.end()),
+                                                            {static_cast<int64_t>(layout.size())}));
         for (const Tensor& other : all) {
           const std::vector<int64_t> chars = other.to_vector<int64_t>();
           const std::string theirs(chars.begin(), chars.end());
-          DT_CHECK_ARG(theirs == layout, kOp, "tied parameter '", t.name, "' is held as ", layout,
-                       " on pipeline rank ", me, " and as ", theirs, " on another: wrap its holders alike");
+          DT_CHECK_ARG(theirs == layout, kOp, "tied parameter '", t.name, "' is held as ", layout, " on pipeline rank ",
+                       me, " and as ", theirs, " on another: wrap its holders alike");
         }
       }
       all_reduce_(g, sum, ReduceOp::Sum);
@@ -643,8 +656,7 @@ double Pipeline::grad_norm(const std::vector<DistTensor>& params) {
   std::set<const DistTensor::Impl*> duplicates;
   for (const TiedParameter& t : tied_) {
     for (const PipelineStage& s : stages_) {
-      if (s.stage == t.stages.front() ||
-          std::find(t.stages.begin(), t.stages.end(), s.stage) == t.stages.end()) {
+      if (s.stage == t.stages.front() || std::find(t.stages.begin(), t.stages.end(), s.stage) == t.stages.end()) {
         continue;
       }
       for (const auto& [name, p] : s.module->named_parameters()) {
@@ -668,8 +680,8 @@ Timeline Pipeline::gather_timeline(const std::string& title) const {
     flat.insert(flat.end(), {static_cast<double>(e.action.kind), static_cast<double>(e.action.stage),
                              static_cast<double>(e.action.micro), e.start, e.end});
   }
-  const std::vector<Tensor> all = all_gather_list(
-      mesh_.group(), Tensor::from_vector<double>(flat, {static_cast<int64_t>(flat.size())}));
+  const std::vector<Tensor> all =
+      all_gather_list(mesh_.group(), Tensor::from_vector<double>(flat, {static_cast<int64_t>(flat.size())}));
   Timeline t;
   t.title = title.empty() ? schedule_.name : title;
   t.ranks = static_cast<int>(all.size());

@@ -53,15 +53,18 @@ std::vector<StageLayers> balance_layers(const std::vector<double>& block_costs, 
   check_stage_count(layers, stages);
   for (double c : block_costs) DT_CHECK_ARG(c >= 0 && std::isfinite(c), kOp, "expected costs >= 0, got ", c);
   std::vector<double> prefix(static_cast<size_t>(layers) + 1, 0.0);
-  for (int64_t k = 0; k < layers; ++k) prefix[static_cast<size_t>(k) + 1] = prefix[static_cast<size_t>(k)] + block_costs[static_cast<size_t>(k)];
+  for (int64_t k = 0; k < layers; ++k)
+    prefix[static_cast<size_t>(k) + 1] = prefix[static_cast<size_t>(k)] + block_costs[static_cast<size_t>(k)];
   auto cost = [&](int64_t stage, int64_t a, int64_t b) {
     return prefix[static_cast<size_t>(b)] - prefix[static_cast<size_t>(a)] + (stage == 0 ? first_extra : 0) +
            (stage == stages - 1 ? last_extra : 0);
   };
   // best[k][j]: the smallest possible costliest stage when stages 0..k hold blocks [0, j).
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(static_cast<size_t>(stages), std::vector<double>(static_cast<size_t>(layers) + 1, kInf));
-  std::vector<std::vector<int64_t>> cut = std::vector<std::vector<int64_t>>(static_cast<size_t>(stages), std::vector<int64_t>(static_cast<size_t>(layers) + 1, 0));
+  std::vector<std::vector<double>> best(static_cast<size_t>(stages),
+                                        std::vector<double>(static_cast<size_t>(layers) + 1, kInf));
+  std::vector<std::vector<int64_t>> cut = std::vector<std::vector<int64_t>>(
+      static_cast<size_t>(stages), std::vector<int64_t>(static_cast<size_t>(layers) + 1, 0));
   for (int64_t j = 1; j <= layers; ++j) best[0][static_cast<size_t>(j)] = cost(0, 0, j);
   for (int64_t k = 1; k < stages; ++k) {
     for (int64_t j = k + 1; j <= layers; ++j) {
@@ -87,8 +90,8 @@ std::vector<StageLayers> balance_layers(const std::vector<double>& block_costs, 
 
 void check_split(const std::vector<StageLayers>& split, int64_t layers, int64_t stages) {
   check_stage_count(layers, stages);
-  DT_CHECK_ARG(static_cast<int64_t>(split.size()) == stages, kOp, "expected ", stages, " layer ranges (one per stage), got ",
-               split.size(), ": ", split_to_string(split));
+  DT_CHECK_ARG(static_cast<int64_t>(split.size()) == stages, kOp, "expected ", stages,
+               " layer ranges (one per stage), got ", split.size(), ": ", split_to_string(split));
   int64_t next = 0;
   for (size_t k = 0; k < split.size(); ++k) {
     DT_CHECK_ARG(split[k].first == next && split[k].end > split[k].first, kOp, "stage ", k, " holds blocks [",
@@ -162,23 +165,23 @@ GPTStage::GPTStage(const DeviceMesh& mesh, const nn::GPTConfig& config, uint64_t
   DT_CHECK_ARG(config.vocab > 0 && config.block_size > 0 && config.dim > 0, kOp,
                "expected positive vocab, block_size and dim, got vocab ", config.vocab, ", block_size ",
                config.block_size, ", dim ", config.dim);
-  DT_CHECK_ARG(layers.first >= 0 && layers.end <= config.layers && layers.first < layers.end, kOp,
-               "stage blocks [", layers.first, ", ", layers.end, ") do not fit a model of ", config.layers, " blocks");
+  DT_CHECK_ARG(layers.first >= 0 && layers.end <= config.layers && layers.first < layers.end, kOp, "stage blocks [",
+               layers.first, ", ", layers.end, ") do not fit a model of ", config.layers, " blocks");
   if (config_.mlp_hidden == 0) config_.mlp_hidden = 4 * config_.dim;
   if (first_ || (last_ && config_.tie_weights)) {
-    tokens_ = register_module("tokens",
-                              std::make_shared<nn::Embedding>(mesh, config_.vocab, config_.dim, nn::derive_seed(seed, 0)));
+    tokens_ = register_module(
+        "tokens", std::make_shared<nn::Embedding>(mesh, config_.vocab, config_.dim, nn::derive_seed(seed, 0)));
   }
   if (first_) {
     positions_ = register_module(
         "positions", std::make_shared<nn::Embedding>(mesh, config_.block_size, config_.dim, nn::derive_seed(seed, 1)));
     dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config_.dropout, nn::derive_seed(seed, 2)));
   }
-  const nn::BlockConfig block{config_.dim,     config_.heads, config_.mlp_hidden, config_.activation,
+  const nn::BlockConfig block{config_.dim,      config_.heads, config_.mlp_hidden, config_.activation,
                               config_.rms_norm, config_.bias,  config_.dropout,    config_.layers};
   for (int64_t i = layers.first; i < layers.end; ++i) {
-    blocks_.push_back(register_module("blocks." + std::to_string(i),
-                                      std::make_shared<nn::TransformerBlock>(mesh, block, nn::derive_seed(seed, 100 + i))));
+    blocks_.push_back(register_module("blocks." + std::to_string(i), std::make_shared<nn::TransformerBlock>(
+                                                                         mesh, block, nn::derive_seed(seed, 100 + i))));
   }
   if (last_) {
     norm_ = config_.rms_norm
@@ -215,9 +218,9 @@ DistTensor GPTStage::forward(const DistTensor& input) {
 
 DistTensor GPTStage::loss(const DistTensor& logits, const DistTensor& targets) const {
   DT_CHECK_ARG(last_, kOp, "only the last stage computes the loss");
-  DT_CHECK_ARG(logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) &&
-                   targets.size(1) == logits.size(1),
-               kOp, "targets ", targets.shape(), " must match the logits' first two dims ", logits.shape());
+  DT_CHECK_ARG(
+      logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) && targets.size(1) == logits.size(1),
+      kOp, "targets ", targets.shape(), " must match the logits' first two dims ", logits.shape());
   const int64_t rows = targets.size(0) * targets.size(1);
   return cross_entropy(reshape(logits, {rows, config_.vocab}).to(DType::F32), reshape(targets, {rows}));
 }
@@ -239,7 +242,8 @@ ParallelizePlan gpt_stage_tp_plan(const GPTStage& stage, GPTPlanOptions options)
 
 // ---- one rank's arrangement ----------------------------------------------------------------------
 
-GPTPipeline::GPTPipeline(const PipelineMesh& mesh, const nn::GPTConfig& config, uint64_t seed, GPTPipelineOptions options)
+GPTPipeline::GPTPipeline(const PipelineMesh& mesh, const nn::GPTConfig& config, uint64_t seed,
+                         GPTPipelineOptions options)
     : mesh_(mesh), config_(config) {
   schedule_ = make_schedule(options.schedule, mesh.size(), options.micro_batches, options.virtual_stages);
   const int64_t stages = schedule_.stages;
@@ -253,8 +257,8 @@ GPTPipeline::GPTPipeline(const PipelineMesh& mesh, const nn::GPTConfig& config, 
     split_ = options.split;
   }
   for (int s : schedule_.stages_of(mesh.coordinate())) {
-    stages_.push_back(std::make_shared<GPTStage>(mesh.stage_mesh(), config, seed, split_[static_cast<size_t>(s)], s == 0,
-                                                 s + 1 == stages));
+    stages_.push_back(std::make_shared<GPTStage>(mesh.stage_mesh(), config, seed, split_[static_cast<size_t>(s)],
+                                                 s == 0, s + 1 == stages));
   }
 }
 
@@ -279,8 +283,8 @@ void GPTPipeline::load_state_dict(const std::map<std::string, Tensor>& state) {
     std::map<std::string, Tensor> mine;
     for (const auto& [name, _] : s->named_parameters()) {
       const auto it = state.find(name);
-      DT_CHECK_ARG(it != state.end(), kOp, "the state has no '", name, "', which stage blocks [", s->layers().first, ", ",
-                   s->layers().end, ") holds");
+      DT_CHECK_ARG(it != state.end(), kOp, "the state has no '", name, "', which stage blocks [", s->layers().first,
+                   ", ", s->layers().end, ") holds");
       mine.emplace(name, it->second);
     }
     s->load_state_dict(mine);
@@ -297,7 +301,8 @@ std::unique_ptr<Pipeline> GPTPipeline::make_pipeline(const std::vector<GradientS
   std::shared_ptr<GPTStage> last;
   for (size_t k = 0; k < stages_.size(); ++k) {
     const int index = schedule_.stages_of(mesh_.coordinate())[k];
-    stages.push_back({stages_[k].get(), index, syncs.empty() ? nullptr : syncs[k], stages_[k]->input_shape()});
+    stages.push_back(
+        {stages_[k].get(), index, syncs.empty() ? nullptr : syncs[k], stages_[k]->input_shape(), std::nullopt});
     if (stages_[k]->is_last()) last = stages_[k];
   }
   PipelineData data;

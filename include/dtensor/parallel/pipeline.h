@@ -76,9 +76,9 @@ class PipelineMesh {
   explicit PipelineMesh(const DeviceMesh& mesh, const std::string& pp_dim = "pp");
 
   const DeviceMesh& mesh() const { return mesh_; }
-  int size() const;        // pipeline ranks (p)
-  int coordinate() const;  // this rank's pipeline coordinate
-  const DeviceMesh& stage_mesh() const;  // this rank's
+  int size() const;                                       // pipeline ranks (p)
+  int coordinate() const;                                 // this rank's pipeline coordinate
+  const DeviceMesh& stage_mesh() const;                   // this rank's
   const DeviceMesh& stage_mesh(int pp_coordinate) const;  // any (others hold no data here)
   // The ranks that differ from this one only in the pipeline coordinate, by it.
   const Group& group() const;
@@ -92,12 +92,16 @@ class PipelineMesh {
 
 // One stage this rank runs.
 struct PipelineStage {
-  nn::Module* module = nullptr;     // forward(input) -> output, on the stage mesh
-  int stage = 0;                    // its index among all stages (the schedule's)
-  GradientSync* sync = nullptr;     // the stage's DDP or FSDP, if any
+  nn::Module* module = nullptr;  // forward(input) -> output, on the stage mesh
+  int stage = 0;                 // its index among all stages (the schedule's)
+  GradientSync* sync = nullptr;  // the stage's DDP or FSDP, if any
   // What the stage takes from the previous one, checked when an activation arrives:
   // the shape with -1 for "any" ({-1, -1, 64}: [rows, sequence, 64]). Empty: no check.
   std::vector<int64_t> input_shape;
+  // Where the activations and gradients the stage receives are placed (a stage on a
+  // GPU sends and receives CUDA tensors). Unset: the device of the module's
+  // parameters, the CPU for a module without any.
+  std::optional<Device> device;
 };
 
 // A parameter several stages hold (its name as each holder's named_parameters()
@@ -127,13 +131,13 @@ std::vector<int64_t> micro_batch_rows(int64_t rows, int64_t micro_batches);
 
 // What the last step did on this rank.
 struct PipelineStats {
-  int peak_in_flight = 0;     // most micro-batches whose activations were held at once
+  int peak_in_flight = 0;  // most micro-batches whose activations were held at once
   // Most bytes this rank held above what it held when the step began, after any
   // action (the activations kept for backward, and the gradients once allocated).
   int64_t peak_held_bytes = 0;
   int64_t sends = 0, receives = 0;
   int64_t bytes_sent = 0, bytes_received = 0;
-  double wait_seconds = 0;    // in receives (idle)
+  double wait_seconds = 0;  // in receives (idle)
 };
 
 class Pipeline final : public MicroBatchRunner {

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "comm/call_context.h"
+#include "comm/threads/device_collectives.h"
 #include "comm/threads/threads_group.h"
 #include "dtensor/error.h"
 #include "util/check.h"
@@ -12,17 +13,37 @@
 namespace dtensor::comm::threads {
 namespace {
 
+// "16 bytes of f32" (", on cuda:0" for a GPU buffer).
+std::string describe_buffer(const P2PBuffer& b) {
+  return detail::concat(b.bytes, " bytes of ", dtype_name(b.dtype),
+                        b.device.is_cuda() ? ", on " + b.device.to_string() : std::string());
+}
+
 // Copies the matched pair and releases both posters.
 void complete(P2PRequest& send, P2PRequest& recv) {
-  if (send.buffer.bytes != recv.buffer.bytes || send.buffer.dtype != recv.buffer.dtype) {
-    const std::string error = detail::concat(
-        "rank ", send.owner, " sent ", send.buffer.bytes, " bytes of ", dtype_name(send.buffer.dtype),
-        " with tag ", send.buffer.tag, " to rank ", recv.owner, ", which posted a recv of ",
-        recv.buffer.bytes, " bytes of ", dtype_name(recv.buffer.dtype));
-    send.error = error;
-    recv.error = error;
-  } else if (send.buffer.bytes > 0) {
-    std::memcpy(recv.buffer.data, send.buffer.data, static_cast<size_t>(send.buffer.bytes));
+  const P2PBuffer &from = send.buffer, &to = recv.buffer;
+  std::string error;
+  bool device_failure = false;
+  if (from.bytes != to.bytes || from.dtype != to.dtype || from.device.is_cuda() != to.device.is_cuda()) {
+    error = detail::concat("rank ", send.owner, " sent ", describe_buffer(from), " with tag ", from.tag, " to rank ",
+                           recv.owner, ", which posted a recv of ", describe_buffer(to),
+                           from.device.is_cuda() != to.device.is_cuda()
+                               ? " (send/recv does not copy between the CPU and a GPU: move one with to(Device))"
+                               : "");
+  } else if (from.device.is_cuda()) {
+    // Queued, never thrown: the partner waits for `done` whatever happens here.
+    try {
+      device_p2p_copy(*send.device_call, *recv.device_call, to.data, from.data, static_cast<size_t>(from.bytes));
+    } catch (const std::exception& e) {
+      error = e.what();
+      device_failure = true;
+    }
+  } else if (from.bytes > 0) {
+    std::memcpy(to.data, from.data, static_cast<size_t>(from.bytes));
+  }
+  for (P2PRequest* r : {&send, &recv}) {
+    r->error = error;
+    r->device_failure = device_failure;
   }
   send.done.store(true, std::memory_order_seq_cst);
   recv.done.store(true, std::memory_order_seq_cst);
@@ -32,8 +53,8 @@ void complete(P2PRequest& send, P2PRequest& recv) {
 
 // Finds (and removes) the oldest request in `queue` between `sender` and
 // `receiver` with `tag`: the FIFO order of MPI's matching rule.
-std::shared_ptr<P2PRequest> take_match(std::deque<std::shared_ptr<P2PRequest>>& queue,
-                                       int sender, int receiver, int tag) {
+std::shared_ptr<P2PRequest> take_match(std::deque<std::shared_ptr<P2PRequest>>& queue, int sender, int receiver,
+                                       int tag) {
   for (auto it = queue.begin(); it != queue.end(); ++it) {
     const P2PRequest& r = **it;
     const int from = r.buffer.is_send ? r.owner : r.buffer.peer;
@@ -52,9 +73,11 @@ class P2PWork final : public WorkImpl {
   P2PWork(std::shared_ptr<ThreadsGroup> group) : group_(std::move(group)) {}
   std::vector<std::shared_ptr<P2PRequest>> requests;
 
+  // Matched, and (CUDA) the copy has run on the GPU.
   bool is_completed() override {
     for (auto& r : requests) {
       if (!r->done.load(std::memory_order_acquire)) return false;
+      if (r->device_call && r->error.empty() && !device_call_finished(*r->device_call)) return false;
     }
     return true;
   }
@@ -85,7 +108,11 @@ class P2PWork final : public WorkImpl {
       if (published) world.unblock(group_->world_rank());
       if (result != WaitResult::Ready || !r->error.empty()) {
         const bool withdrew = withdraw_unmatched();
-        if (const P2PRequest* bad = failed()) DT_CHECK_ARG(false, bad->buffer.is_send ? "send" : "recv", bad->error);
+        if (const P2PRequest* bad = failed()) {
+          const char* bad_op = bad->buffer.is_send ? "send" : "recv";
+          if (bad->device_failure) throw std::runtime_error(detail::concat("[", bad_op, "] ", bad->error));
+          DT_CHECK_ARG(false, bad_op, bad->error);
+        }
         if (withdrew) {
           group_->throw_if_aborted(op);
           if (!deadlock.empty()) {
@@ -148,9 +175,9 @@ class P2PWork final : public WorkImpl {
 
   // "recv(16 bytes of f32 from rank 1, tag 5)", after the user-level call it serves.
   static std::string describe(const P2PRequest& r) {
-    std::string call = detail::concat(r.buffer.is_send ? "send(" : "recv(", r.buffer.bytes, " bytes of ",
-                                      dtype_name(r.buffer.dtype), r.buffer.is_send ? " to rank " : " from rank ",
-                                      r.buffer.peer, ", tag ", r.buffer.tag, ")");
+    std::string call =
+        detail::concat(r.buffer.is_send ? "send(" : "recv(", describe_buffer(r.buffer),
+                       r.buffer.is_send ? " to rank " : " from rank ", r.buffer.peer, ", tag ", r.buffer.tag, ")");
     return r.user_call.empty() ? call : detail::concat(r.user_call, " (its ", call, ")");
   }
 
@@ -163,13 +190,19 @@ WorkPtr ThreadsGroup::send_recv(const std::vector<P2PBuffer>& ops) {
   note_calling_thread();
   auto work = std::make_shared<P2PWork>(shared_from_this());
   const std::string_view user_call = CallContext::current().user_call;
+  // Every request is made (a CUDA one records `ready` on this rank's stream, which
+  // may throw) before any is posted: a batch is posted whole or not at all.
   for (const P2PBuffer& op : ops) {
     auto request = std::make_shared<P2PRequest>();
     request->buffer = op;
     request->owner = rank_;
     request->signal = shared_->mailboxes[rank_]->signal;
     if (!user_call.empty()) request->user_call = user_call;
+    if (op.device.is_cuda()) request->device_call = begin_device_call(op.device);
     work->requests.push_back(request);
+  }
+  for (const std::shared_ptr<P2PRequest>& request : work->requests) {
+    const P2PBuffer& op = request->buffer;
     // Both queues of a pair live in the receiver's mailbox, under its lock.
     const int receiver = op.is_send ? op.peer : rank_;
     Mailbox& box = *shared_->mailboxes[receiver];

@@ -124,17 +124,15 @@ std::string CallDesc::to_string() const {
   switch (kind) {
     case CallKind::Barrier: break;
     case CallKind::Split: os << "color " << color << ", key " << key; break;
-    case CallKind::AllReduce:
-      os << dtype_name(dtype) << ", " << count << " elements, " << reduce_op_name(op);
-      break;
-    case CallKind::Broadcast:
-      os << dtype_name(dtype) << ", " << count << " elements, root " << root;
-      break;
+    case CallKind::AllReduce: os << dtype_name(dtype) << ", " << count << " elements, " << reduce_op_name(op); break;
+    case CallKind::Broadcast: os << dtype_name(dtype) << ", " << count << " elements, root " << root; break;
     default: {
       os << dtype_name(dtype) << ", counts " << shape_to_string(counts);
       if (kind == CallKind::AllToAll) {
         os << " -> " << shape_to_string(recv_counts)
-           << (send_blocks ? ", strided blocks" : equal_splits ? ", no split sizes" : ", split sizes given");
+           << (send_blocks    ? ", strided blocks"
+               : equal_splits ? ", no split sizes"
+                              : ", split sizes given");
       }
       if (outer != 1) os << " x " << outer << " rows";
       if (kind == CallKind::ReduceScatter) os << ", " << reduce_op_name(op);
@@ -155,14 +153,12 @@ bool same_call(const CallDesc& a, const CallDesc& b) {
     case CallKind::Barrier:
     case CallKind::Split: return true;
     case CallKind::AllReduce: return a.dtype == b.dtype && a.count == b.count && a.op == b.op;
-    case CallKind::Broadcast:
-      return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
+    case CallKind::Broadcast: return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
     case CallKind::AllToAll:  // pairs checked separately
       return a.dtype == b.dtype && a.equal_splits == b.equal_splits &&
              (a.send_blocks != nullptr) == (b.send_blocks != nullptr);
     default:
-      return a.dtype == b.dtype && a.counts == b.counts && a.outer == b.outer && a.op == b.op &&
-             a.root == b.root;
+      return a.dtype == b.dtype && a.counts == b.counts && a.outer == b.outer && a.op == b.op && a.root == b.root;
   }
 }
 
@@ -174,8 +170,7 @@ class ThreadsWork final : public WorkImpl {
     signal_.notify();
   }
   void wait() override {
-    signal_.wait([&] { return done_.load(std::memory_order_acquire); }, [] { return false; },
-                 Clock::time_point::max());
+    signal_.wait([&] { return done_.load(std::memory_order_acquire); }, [] { return false; }, Clock::time_point::max());
     if (error_) std::rethrow_exception(error_);
   }
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
@@ -214,8 +209,8 @@ ThreadsGroup::~ThreadsGroup() {
 
 void ThreadsGroup::throw_if_aborted(const char* op) const {
   if (!shared_->world->aborted()) return;
-  throw std::runtime_error(detail::concat("[", op, "] released from group '", name_,
-                                          "' because ", shared_->world->abort_reason()));
+  throw std::runtime_error(
+      detail::concat("[", op, "] released from group '", name_, "' because ", shared_->world->abort_reason()));
 }
 
 std::string ThreadsGroup::launch_ranks(const std::vector<int64_t>& ranks) const {
@@ -233,9 +228,9 @@ void ThreadsGroup::throw_peer_gone(const char* op, int r) const {
 }
 
 void ThreadsGroup::throw_timeout(const char* op, const std::string& missing) const {
-  throw std::runtime_error(detail::concat(
-      "[", op, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
-      "' (threads, size ", size(), ", this is rank ", rank_, "): ", missing));
+  throw std::runtime_error(detail::concat("[", op, "] timed out after ", timeout_.count() / 1000.0, " s in group '",
+                                          name_, "' (threads, size ", size(), ", this is rank ", rank_,
+                                          "): ", missing));
 }
 
 bool on_async_worker() { return t_on_async_worker; }
@@ -292,8 +287,8 @@ void ThreadsGroup::throw_poisoned(uint64_t target) const {
     by = shared_->poisoned_by;
   }
   if (shared_->gate.poisoned_at.load(std::memory_order_relaxed) == target) {
-    throw std::runtime_error(detail::concat("[", current_op_, "] released from group '", name_, "' because rank ",
-                                            by, " left this call: ", reason));
+    throw std::runtime_error(detail::concat("[", current_op_, "] released from group '", name_, "' because rank ", by,
+                                            " left this call: ", reason));
   }
   throw std::runtime_error(detail::concat("[", current_op_, "] group '", name_, "' (threads, size ", size(),
                                           ", this is rank ", rank_, ") can no longer be used: rank ", by,
@@ -390,8 +385,7 @@ void ThreadsGroup::check_same_call() {
   }
   for (int r = 1; r < n && mismatch.empty(); ++r) {
     if (!same_call(peer(0), peer(r))) {
-      mismatch = detail::concat("rank 0 called ", peer(0).to_string(), ", rank ", r, " called ",
-                                peer(r).to_string());
+      mismatch = detail::concat("rank 0 called ", peer(0).to_string(), ", rank ", r, " called ", peer(r).to_string());
     }
   }
   // all_to_all: what rank s sends to r must be what r expects from s.
@@ -399,18 +393,17 @@ void ThreadsGroup::check_same_call() {
     for (int s = 0; s < n && mismatch.empty(); ++s) {
       for (int r = 0; r < n && mismatch.empty(); ++r) {
         if (peer(s).counts[r] != peer(r).recv_counts[s]) {
-          mismatch = detail::concat("rank ", s, " sends ", peer(s).counts[r], " elements to rank ",
-                                    r, " which expects ", peer(r).recv_counts[s], "; rank ", s,
-                                    " called ", peer(s).to_string(), ", rank ", r, " called ",
-                                    peer(r).to_string());
+          mismatch = detail::concat("rank ", s, " sends ", peer(s).counts[r], " elements to rank ", r,
+                                    " which expects ", peer(r).recv_counts[s], "; rank ", s, " called ",
+                                    peer(s).to_string(), ", rank ", r, " called ", peer(r).to_string());
         }
       }
     }
   }
   if (mismatch.empty()) return;
   sync();  // every rank saw the same descriptors; let all finish reading them (no abort can cut this short)
-  throw std::invalid_argument(detail::concat("[", current_op_, "] ranks made different calls in group '",
-                                             name_, "': ", mismatch));
+  throw std::invalid_argument(
+      detail::concat("[", current_op_, "] ranks made different calls in group '", name_, "': ", mismatch));
 }
 
 void ThreadsGroup::run_now(const CallDesc& desc, const Algorithm& algorithm) {
@@ -433,8 +426,8 @@ void ThreadsGroup::run_now(const CallDesc& desc, const Algorithm& algorithm) {
 
 void ThreadsGroup::drain_async() {
   if (!queue_) return;
-  queue_->idle.wait([&] { return queue_->outstanding.load(std::memory_order_acquire) == 0; },
-                    [] { return false; }, Clock::time_point::max());
+  queue_->idle.wait([&] { return queue_->outstanding.load(std::memory_order_acquire) == 0; }, [] { return false; },
+                    Clock::time_point::max());
 }
 
 WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm algorithm) {
@@ -453,7 +446,9 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
     struct Unstarted {
       World* world;
       int rank;
-      ~Unstarted() { if (world) world->worker_finished(rank); }
+      ~Unstarted() {
+        if (world) world->worker_finished(rank);
+      }
     } unstarted{shared_->world.get(), world_rank};
     // Woken when the rank's function ends: a handle to the group may outlive it (and
     // launch waits for the workers), but no more calls can come.
@@ -541,8 +536,7 @@ std::shared_ptr<GroupImpl> ThreadsGroup::split(int color, int key) {
     for (int r = 0; r < g.size(); ++r) {
       if (color >= 0 && g.peer(r).color == color) members.push_back(r);
     }
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return g.peer(a).key < g.peer(b).key; });
+    std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return g.peer(a).key < g.peer(b).key; });
     const bool leader = !members.empty() && *std::min_element(members.begin(), members.end()) == rank_;
     if (leader) {
       std::shared_ptr<Shared> child;
@@ -609,24 +603,23 @@ using AlgorithmFn = void (*)(ThreadsGroup&);
 AlgorithmFn pick(const CallDesc& d, AlgorithmFn host, AlgorithmFn device) { return d.device.is_cuda() ? device : host; }
 }  // namespace
 
-WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType dtype,
-                                 ReduceOp op, bool async) {
+WorkPtr ThreadsGroup::all_reduce(const void* in, void* out, int64_t count, DType dtype, ReduceOp op, bool async) {
   auto d = make_desc(CallKind::AllReduce, dtype, in, out);
   d->count = count;
   d->op = op;
   return run(d, async, pick(*d, all_reduce_owner, device_all_reduce));
 }
 
-WorkPtr ThreadsGroup::all_gather(const void* in, void* out, const std::vector<int64_t>& counts,
-                                 int64_t outer, DType dtype, bool async) {
+WorkPtr ThreadsGroup::all_gather(const void* in, void* out, const std::vector<int64_t>& counts, int64_t outer,
+                                 DType dtype, bool async) {
   auto d = make_desc(CallKind::AllGather, dtype, in, out);
   d->counts = counts;
   d->outer = outer;
   return run(d, async, pick(*d, all_gather_direct, device_all_gather));
 }
 
-WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                                     int64_t outer, DType dtype, ReduceOp op, bool async) {
+WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vector<int64_t>& counts, int64_t outer,
+                                     DType dtype, ReduceOp op, bool async) {
   auto d = make_desc(CallKind::ReduceScatter, dtype, in, out);
   d->counts = counts;
   d->outer = outer;
@@ -635,8 +628,7 @@ WorkPtr ThreadsGroup::reduce_scatter(const void* in, void* out, const std::vecto
 }
 
 WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& send_counts, void* out,
-                                 const std::vector<int64_t>& recv_counts, DType dtype,
-                                 bool equal_splits, bool async) {
+                                 const std::vector<int64_t>& recv_counts, DType dtype, bool equal_splits, bool async) {
   auto d = make_desc(CallKind::AllToAll, dtype, in, out);
   d->counts = send_counts;
   d->recv_counts = recv_counts;
@@ -644,8 +636,8 @@ WorkPtr ThreadsGroup::all_to_all(const void* in, const std::vector<int64_t>& sen
   return run(d, async, pick(*d, all_to_all_direct, device_all_to_all));
 }
 
-void ThreadsGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void* out,
-                                     const BlockLayout& recv, DType dtype) {
+void ThreadsGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void* out, const BlockLayout& recv,
+                                     DType dtype) {
   auto d = make_desc(CallKind::AllToAll, dtype, in, out);
   for (int s = 0; s < size(); ++s) {
     d->counts.push_back(send.count(s));
@@ -653,7 +645,7 @@ void ThreadsGroup::all_to_all_blocks(const void* in, const BlockLayout& send, vo
   }
   d->send_blocks = &send;
   d->recv_blocks = &recv;
-  run(d, false, all_to_all_blocks_direct);
+  run(d, false, pick(*d, all_to_all_blocks_direct, device_all_to_all_blocks));
 }
 
 WorkPtr ThreadsGroup::broadcast(void* data, int64_t count, DType dtype, int root, bool async) {
@@ -663,16 +655,16 @@ WorkPtr ThreadsGroup::broadcast(void* data, int64_t count, DType dtype, int root
   return run(d, async, pick(*d, broadcast_direct, device_broadcast));
 }
 
-WorkPtr ThreadsGroup::gather(const void* in, void* out, const std::vector<int64_t>& counts,
-                             DType dtype, int root, bool async) {
+WorkPtr ThreadsGroup::gather(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, int root,
+                             bool async) {
   auto d = make_desc(CallKind::Gather, dtype, in, out);
   d->counts = counts;
   d->root = root;
   return run(d, async, pick(*d, gather_direct, device_gather));
 }
 
-WorkPtr ThreadsGroup::scatter(const void* in, void* out, const std::vector<int64_t>& counts,
-                              DType dtype, int root, bool async) {
+WorkPtr ThreadsGroup::scatter(const void* in, void* out, const std::vector<int64_t>& counts, DType dtype, int root,
+                              bool async) {
   auto d = make_desc(CallKind::Scatter, dtype, in, out);
   d->counts = counts;
   d->root = root;
@@ -680,8 +672,7 @@ WorkPtr ThreadsGroup::scatter(const void* in, void* out, const std::vector<int64
 }
 
 WorkPtr ThreadsGroup::barrier(bool async) {
-  return run(make_desc(CallKind::Barrier, DType::F32, nullptr, nullptr), async,
-             [](ThreadsGroup&) {});
+  return run(make_desc(CallKind::Barrier, DType::F32, nullptr, nullptr), async, [](ThreadsGroup&) {});
 }
 
 }  // namespace dtensor::comm::threads

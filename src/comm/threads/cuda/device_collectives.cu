@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/row_kernels.cuh"
+#include "comm/block_all_to_all.h"
 #include "comm/reduce_ops.h"
 #include "comm/threads/algorithms.h"
 #include "comm/threads/device_collectives.h"
@@ -194,8 +195,8 @@ void reduce(DType dtype, ReduceOp op, const std::vector<void*>& dsts, const std:
   visit_elements(dtype, [&](auto e) {
     using E = decltype(e);
     auto launch = [&](auto combine, int divisor) {
-      reduce_kernel<E><<<blocks, kThreads, 0, stream>>>(p, n, ndst, rows, width, src_stride, dst_stride, divisor,
-                                                        combine);
+      reduce_kernel<E>
+          <<<blocks, kThreads, 0, stream>>>(p, n, ndst, rows, width, src_stride, dst_stride, divisor, combine);
     };
     if constexpr (std::is_same_v<typename E::C, bool>) {
       if (op == ReduceOp::Sum || op == ReduceOp::Max) {
@@ -235,6 +236,28 @@ std::shared_ptr<DeviceCall> begin_device_call(Device device) {
 }
 
 void wait_device_call(const DeviceCall& call) { check(cudaEventSynchronize(call.complete), "cudaEventSynchronize"); }
+
+void device_p2p_copy(const DeviceCall& send, const DeviceCall& recv, void* dst, const void* src, size_t bytes) {
+  {
+    DeviceGuard guard(recv.device);
+    check(cudaStreamWaitEvent(recv.stream, send.ready, 0), "cudaStreamWaitEvent");
+    copy(dst, src, bytes, recv.stream);  // between GPUs too (unified addressing)
+    check(cudaEventRecord(recv.done, recv.stream), "cudaEventRecord");
+  }
+  DeviceGuard guard(send.device);
+  check(cudaStreamWaitEvent(send.stream, recv.done, 0), "cudaStreamWaitEvent");
+  check(cudaEventRecord(send.done, send.stream), "cudaEventRecord");
+}
+
+bool device_call_finished(const DeviceCall& call) {
+  const cudaError_t status = cudaEventQuery(call.done);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: clears it
+    return false;
+  }
+  check(status, "cudaEventQuery");
+  return true;
+}
 
 // all_reduce by chunk owners, as the host's all_reduce_owner: rank r reduces chunk r
 // of every input into chunk r of every output (one kernel per rank, 2 x bytes of
@@ -276,8 +299,7 @@ void device_all_gather(ThreadsGroup& group) {
       if (me.outer == 1) {
         copy(dst, src, width, stream);  // skipped in place (the input is my block)
       } else {
-        check(cudaMemcpy2DAsync(dst, row, src, width, width, static_cast<size_t>(me.outer), cudaMemcpyDefault,
-                                stream),
+        check(cudaMemcpy2DAsync(dst, row, src, width, width, static_cast<size_t>(me.outer), cudaMemcpyDefault, stream),
               "cudaMemcpy2DAsync");
       }
     }
@@ -316,6 +338,30 @@ void device_all_to_all(ThreadsGroup& group) {
   });
 }
 
+// The strided pieces, read and written where they lie: each peer's piece for this
+// rank moved by the 2D copies plan_piece_copy gives (the host path's plan).
+void device_all_to_all_blocks(ThreadsGroup& group) {
+  on_device(group, [&](cudaStream_t stream) {
+    const CallDesc& me = group.me();
+    const int n = group.size();
+    const int rank = group.rank();
+    const size_t esize = dtype_size(me.dtype);
+    for (int k = 0; k < n; ++k) {
+      const int sender = (rank + k) % n;
+      const CallDesc& peer = group.peer(sender);
+      for (const PieceCopy& c : plan_piece_copy(*me.recv_blocks, sender, *peer.send_blocks, rank)) {
+        std::byte* dst = bytes_of(me.out) + c.dst_offset * static_cast<int64_t>(esize);
+        const std::byte* src = bytes_of(peer.in) + c.src_offset * static_cast<int64_t>(esize);
+        if (dst == src && c.dst_pitch == c.src_pitch) continue;  // in place, a group of one
+        check(cudaMemcpy2DAsync(dst, static_cast<size_t>(c.dst_pitch) * esize, src,
+                                static_cast<size_t>(c.src_pitch) * esize, static_cast<size_t>(c.width) * esize,
+                                static_cast<size_t>(c.height), cudaMemcpyDefault, stream),
+              "cudaMemcpy2DAsync");
+      }
+    }
+  });
+}
+
 void device_broadcast(ThreadsGroup& group) {
   on_device(group, [&](cudaStream_t stream) {
     const CallDesc& me = group.me();
@@ -331,8 +377,7 @@ void device_gather(ThreadsGroup& group) {
     const size_t esize = dtype_size(me.dtype);
     const std::vector<int64_t> offsets = prefix_offsets(me.counts);
     for (int r = 0; r < group.size(); ++r) {
-      copy(bytes_of(me.out) + offsets[r] * esize, group.peer(r).in, static_cast<size_t>(me.counts[r]) * esize,
-           stream);
+      copy(bytes_of(me.out) + offsets[r] * esize, group.peer(r).in, static_cast<size_t>(me.counts[r]) * esize, stream);
     }
   });
 }
@@ -343,8 +388,8 @@ void device_scatter(ThreadsGroup& group) {
     const int rank = group.rank();
     const size_t esize = dtype_size(me.dtype);
     const std::vector<int64_t> offsets = prefix_offsets(me.counts);
-    copy(me.out, bytes_of(group.peer(me.root).in) + offsets[rank] * esize,
-         static_cast<size_t>(me.counts[rank]) * esize, stream);
+    copy(me.out, bytes_of(group.peer(me.root).in) + offsets[rank] * esize, static_cast<size_t>(me.counts[rank]) * esize,
+         stream);
   });
 }
 

@@ -20,10 +20,13 @@ namespace {
 std::shared_ptr<DeviceCall> begin_device_call(Device device) { no_cuda(device.to_string()); }
 // Not reached (no call gets a DeviceCall here); they fail the same way if they were.
 void wait_device_call(const DeviceCall&) { no_cuda("a GPU"); }
+void device_p2p_copy(const DeviceCall&, const DeviceCall&, void*, const void*, size_t) { no_cuda("a GPU"); }
+bool device_call_finished(const DeviceCall&) { no_cuda("a GPU"); }
 void device_all_reduce(ThreadsGroup&) { no_cuda("a GPU"); }
 void device_all_gather(ThreadsGroup&) { no_cuda("a GPU"); }
 void device_reduce_scatter(ThreadsGroup&) { no_cuda("a GPU"); }
 void device_all_to_all(ThreadsGroup&) { no_cuda("a GPU"); }
+void device_all_to_all_blocks(ThreadsGroup&) { no_cuda("a GPU"); }
 void device_broadcast(ThreadsGroup&) { no_cuda("a GPU"); }
 void device_gather(ThreadsGroup&) { no_cuda("a GPU"); }
 void device_scatter(ThreadsGroup&) { no_cuda("a GPU"); }
