@@ -75,7 +75,7 @@ fi
 
 # ---- build: the library, the CUDA tests and gpu_bench only ---------------------------
 targets=(dtensor test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_optim test_cuda_factories
-         test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops
+         test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops test_attention_tiles
          test_random_shared test_cuda_training test_cuda_conformance gpu_bench)
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON \
@@ -98,7 +98,7 @@ say ""
 test_rc=0
 : >"$out/tests.txt"
 for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_optim test_cuda_factories \
-  test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops \
+  test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops test_attention_tiles \
   test_random_shared test_cuda_training test_cuda_conformance; do
   # 90 s each keeps the whole check inside one device call even when a suite hangs.
   DTENSOR_REQUIRE_GPU=1 timeout 90 "$build/tests/$t" >"$build/$t.txt" 2>&1

@@ -9,73 +9,12 @@
 #include <limits>
 #include <vector>
 
+#include "attention_reference.h"
 #include "backend/attention_plan.h"
 #include "kernel_test_util.h"
 
 namespace dtensor::test {
 namespace {
-
-struct Reference {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-// q [E, Sq, D], k [E, Sk, D], v [E, Sk, Dv], grad_out [E, Sq, Dv] (row-major doubles).
-Reference naive_attention(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-                          const std::vector<double>& g, int64_t entries, int64_t sq, int64_t sk, int64_t d,
-                          int64_t dv, bool causal) {
-  Reference r;
-  r.out.assign(static_cast<size_t>(entries * sq * dv), 0.0);
-  r.lse.assign(static_cast<size_t>(entries * sq), 0.0);
-  r.dq.assign(q.size(), 0.0);
-  r.dk.assign(k.size(), 0.0);
-  r.dv.assign(v.size(), 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  for (int64_t e = 0; e < entries; ++e) {
-    const double* qe = q.data() + e * sq * d;
-    const double* ke = k.data() + e * sk * d;
-    const double* ve = v.data() + e * sk * dv;
-    const double* ge = g.data() + e * sq * dv;
-    for (int64_t i = 0; i < sq; ++i) {
-      std::vector<double> p(static_cast<size_t>(sk), 0.0);
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < sk; ++j) {
-        if (causal && j > i) continue;
-        double s = 0;
-        for (int64_t c = 0; c < d; ++c) s += qe[i * d + c] * ke[j * d + c];
-        p[j] = s * scale;
-        m = std::max(m, p[j]);
-      }
-      double total = 0;
-      for (int64_t j = 0; j < sk; ++j) {
-        p[j] = (causal && j > i) ? 0.0 : std::exp(p[j] - m);
-        total += p[j];
-      }
-      for (double& x : p) x /= total;
-      r.lse[e * sq + i] = m + std::log(total);
-      for (int64_t j = 0; j < sk; ++j) {
-        for (int64_t c = 0; c < dv; ++c) r.out[(e * sq + i) * dv + c] += p[j] * ve[j * dv + c];
-      }
-      // Backward of row i: dV += p^T g, dp = g V^T, ds = p (dp - <dp, p>), dQ = ds K scale, dK += ds^T q scale.
-      std::vector<double> dp(static_cast<size_t>(sk), 0.0);
-      double dot = 0;
-      for (int64_t j = 0; j < sk; ++j) {
-        for (int64_t c = 0; c < dv; ++c) {
-          r.dv[(e * sk + j) * dv + c] += p[j] * ge[i * dv + c];
-          dp[j] += ge[i * dv + c] * ve[j * dv + c];
-        }
-        dot += dp[j] * p[j];
-      }
-      for (int64_t j = 0; j < sk; ++j) {
-        const double ds = p[j] * (dp[j] - dot) * scale;
-        for (int64_t c = 0; c < d; ++c) {
-          r.dq[(e * sq + i) * d + c] += ds * ke[j * d + c];
-          r.dk[(e * sk + j) * d + c] += ds * qe[i * d + c];
-        }
-      }
-    }
-  }
-  return r;
-}
 
 struct Case {
   int64_t batch, heads, sq, sk, d, dv;
@@ -91,15 +30,15 @@ Tensor operand(const Case& c, int64_t seq, int64_t width, uint64_t seed) {
 }
 
 void check(const Case& c) {
-  SCOPED_TRACE(testing::Message() << "B" << c.batch << " H" << c.heads << " Sq" << c.sq << " Sk" << c.sk << " D"
-                                  << c.d << " Dv" << c.dv << (c.causal ? " causal" : "") << " "
-                                  << dtype_name(c.dtype) << (c.head_views ? " head views" : ""));
+  SCOPED_TRACE(testing::Message() << "B" << c.batch << " H" << c.heads << " Sq" << c.sq << " Sk" << c.sk << " D" << c.d
+                                  << " Dv" << c.dv << (c.causal ? " causal" : "") << " " << dtype_name(c.dtype)
+                                  << (c.head_views ? " head views" : ""));
   const Tensor q = operand(c, c.sq, c.d, 1), k = operand(c, c.sk, c.d, 2), v = operand(c, c.sk, c.dv, 3);
   const Tensor g = operand(c, c.sq, c.dv, 4);
   if (c.head_views && c.heads > 1) EXPECT_FALSE(q.is_contiguous());
   const int64_t entries = c.batch * c.heads;
-  const Reference want = naive_attention(values(q), values(k), values(v), values(g), entries, c.sq, c.sk, c.d, c.dv,
-                                         c.causal);
+  const Reference want =
+      naive_attention(values(q), values(k), values(v), values(g), entries, c.sq, c.sk, c.d, c.dv, c.causal);
   const AttentionResult got = scaled_dot_product_attention(q, k, v, c.causal);
   ASSERT_EQ(got.out.shape(), (Shape{c.batch, c.heads, c.sq, c.dv}));
   ASSERT_EQ(got.lse.shape(), (Shape{c.batch, c.heads, c.sq}));
@@ -121,8 +60,8 @@ TEST(AttentionKernel, MatchesNaiveReferenceF32) {
   for (bool causal : {false, true}) {
     for (bool views : {false, true}) {
       check({2, 3, 37, 37, 16, 16, causal, DType::F32, views});
-      check({1, 2, 130, 130, 32, 24, causal, DType::F32, views});   // crosses the 64-row tiles
-      check({1, 1, 300, 300, 8, 8, causal, DType::F32, views});     // crosses the 256-key tiles
+      check({1, 2, 130, 130, 32, 24, causal, DType::F32, views});  // crosses the 64-row tiles
+      check({1, 1, 300, 300, 8, 8, causal, DType::F32, views});    // crosses the 256-key tiles
     }
   }
   // Different query and key lengths (top-left aligned causal mask).

@@ -1,9 +1,11 @@
 // Fused attention on CUDA against the CPU kernel (label cuda): out, lse and the three
 // gradients for F32, BF16 and F16 (F16 runs through F32 on both), causal or not, a
-// custom scale, more keys than queries and the reverse, key counts across the
-// kernel's 128-wide tiles, and a transposed [B, S, H, D] view; the F64 forward (the
-// composite formulas on the GPU's ops). Skips with a message where no GPU is
-// visible; the batch plan is tested on the CPU (test_attention_kernel).
+// custom scale, more keys than queries and the reverse, key counts across the row
+// kernels' 128-wide tiles and the tiled kernels' 64-row ones (BF16, head dims 16 to
+// 128), and a transposed [B, S, H, D] view; the F64 forward (the composite formulas
+// on the GPU's ops). Skips with a message where no GPU is visible; the batch plan and
+// the tiled kernels' code are tested on the CPU (test_attention_kernel,
+// test_attention_tiles).
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -31,7 +33,9 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheCpu) {
     int64_t queries, keys, head_dim, value_dim;
   };
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
-    for (const Case& c : {Case{70, 150, 40, 24}, Case{200, 90, 16, 16}, Case{1, 300, 8, 33}}) {
+    // BF16 with head dims in 16s takes the tiled tensor-core kernels, the rest the row ones.
+    for (const Case& c : {Case{70, 150, 40, 24}, Case{200, 90, 16, 16}, Case{1, 300, 8, 33}, Case{130, 200, 64, 128},
+                          Case{256, 256, 128, 128}}) {
       for (bool causal : {false, true}) {
         const std::string what = std::string(dtype_name(t)) + " Sq " + std::to_string(c.queries) + " Sk " +
                                  std::to_string(c.keys) + (causal ? " causal" : "");

@@ -28,6 +28,21 @@ struct AttentionRows {
   int64_t row_stride = 0;
 };
 
+// What an attention kernel computes: softmax(q k^T * scale [+ causal mask]) v over
+// `batch` entries, q [queries, head_dim], k [keys, head_dim], v [keys, value_dim].
+struct AttentionShape {
+  AttentionBatch batch;
+  int64_t queries = 0, keys = 0, head_dim = 0, value_dim = 0;
+  float scale = 1;
+  bool causal = false;
+  bool bf16 = false;  // else F32
+};
+
+// The operands of the backward, as AttentionRows each.
+struct AttentionGradRows {
+  AttentionRows grad_out, q, k, v, out, grad_q, grad_k, grad_v;
+};
+
 // Element offset of batch entry e of an operand: for shape [2, 3, S, D] and batch
 // strides {s0, s1}, entry 4 is (1, 1) and starts at s0 + s1.
 DT_HOST_DEVICE inline int64_t entry_offset(const AttentionBatch& batch, const AttentionRows& rows, int64_t e) {
@@ -48,6 +63,22 @@ inline bool make_attention_batch(const Tensor& t, AttentionBatch& batch) {
     batch.sizes[d] = t.size(d);
     batch.entries *= t.size(d);
   }
+  return true;
+}
+
+// The shape of softmax(q k^T * scale [+ causal mask]) v for the kernel table's
+// operands; false (s unset) where q has more than kMaxAttentionBatchDims leading dims.
+inline bool make_attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                 AttentionShape& s) {
+  s = AttentionShape{};
+  if (!make_attention_batch(q, s.batch)) return false;
+  s.queries = q.size(-2);
+  s.keys = k.size(-2);
+  s.head_dim = q.size(-1);
+  s.value_dim = v.size(-1);
+  s.scale = static_cast<float>(scale);
+  s.causal = causal;
+  s.bf16 = q.dtype() == DType::BF16;
   return true;
 }
 

@@ -1,6 +1,9 @@
-// Fused attention on CUDA, forward and backward: simple and exact first, one block
-// per query row (forward, grad_q) or key row (grad_k, grad_v), never the [Sq, Sk]
-// scores in memory. The semantics are cpu/attention.cpp's: scale applied to the
+// Fused attention on CUDA, forward and backward, never the [Sq, Sk] scores in memory.
+// BF16 with head and value dims multiples of 16 runs the tiled tensor-core kernels of
+// attention_tiles.h (64-row blocks, wmma products, the CPU tests run the same code
+// with HostExec/HostMma); everything else (F32, odd head dims) the row kernels below:
+// simple and exact, one block per query row (forward, grad_q) or key row (grad_k,
+// grad_v). The semantics are cpu/attention.cpp's: scale applied to the
 // scores, the causal mask keeps key j for query i when j <= i (top-left), lse the
 // log-sum-exp of each row's scaled scores (F32), arithmetic in F32 and BF16 rounded
 // once on store; the batch plan is attention_plan.h's, tested on the CPU.
@@ -13,15 +16,19 @@
 // block, then grad_v = P^T dO and grad_k = dS^T Q per key block, so nothing is
 // accumulated across blocks (no atomics, deterministic).
 //
-// Not yet fast: no tensor cores or shared-memory tiles of K/V (a tiled MMA kernel or
-// cuDNN's SDPA is the next step for the issue's benchmark).
+// The row kernels are not fast (no tensor cores, no shared K/V tiles); the tiled ones
+// are a first tensor-core schedule (FlashAttention-2's, through wmma and shared
+// memory), not yet FlashAttention's register-resident one.
+#include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/attention_tiles.h"
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_check.h"
 
@@ -204,6 +211,101 @@ __global__ void grad_kv_kernel(AttentionShape s, AttentionGradRows r, const T* g
   for (int64_t c = threadIdx.x; c < s.value_dim; c += kThreads) store(dv_row, c, dv[c]);
 }
 
+// ---- the tiled kernels: attention_tiles.h's blocks with the GPU's Exec and Mma -------
+
+namespace tiles = attention_tiles;
+namespace wmma = nvcuda::wmma;
+
+struct DeviceExec {
+  template <class F>
+  __device__ void threads(F&& f) {
+    f(static_cast<int>(threadIdx.x));
+    __syncthreads();
+  }
+  template <class F>
+  __device__ void warps(F&& f) {
+    f(static_cast<int>(threadIdx.x / 32));
+    __syncthreads();
+  }
+};
+
+struct DeviceMma {
+  template <bool kCol>
+  using Layout = std::conditional_t<kCol, wmma::col_major, wmma::row_major>;
+  using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+  template <bool kCol>
+  using A = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, Layout<kCol>>;
+  template <bool kCol>
+  using B = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, Layout<kCol>>;
+  __device__ static void zero(Acc& acc) { wmma::fill_fragment(acc, 0.0f); }
+  __device__ static void load_acc(Acc& acc, const float* p, int ld) {
+    wmma::load_matrix_sync(acc, p, ld, wmma::mem_row_major);
+  }
+  __device__ static void store_acc(float* p, const Acc& acc, int ld) {
+    wmma::store_matrix_sync(p, acc, ld, wmma::mem_row_major);
+  }
+  template <bool kCol>
+  __device__ static void load_a(A<kCol>& f, const uint16_t* p, int ld) {
+    wmma::load_matrix_sync(f, reinterpret_cast<const __nv_bfloat16*>(p), ld);
+  }
+  template <bool kCol>
+  __device__ static void load_b(B<kCol>& f, const uint16_t* p, int ld) {
+    wmma::load_matrix_sync(f, reinterpret_cast<const __nv_bfloat16*>(p), ld);
+  }
+  template <class FA, class FB>
+  __device__ static void mma(Acc& acc, const FA& a, const FB& b) {
+    wmma::mma_sync(acc, a, b, acc);
+  }
+};
+
+// Dynamic shared memory, aligned for the 16-byte chunks and wmma's 32-byte rule.
+__device__ unsigned char* tile_memory() {
+  extern __shared__ __align__(128) unsigned char tile_smem[];
+  return tile_smem;
+}
+
+__global__ void __launch_bounds__(tiles::kThreads)
+    tiled_forward_kernel(AttentionShape s, AttentionRows qr, AttentionRows kr, AttentionRows vr, AttentionRows outr,
+                         const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out, float* lse) {
+  DeviceExec ex;
+  tiles::forward_block<DeviceExec, DeviceMma>(ex, s, qr, kr, vr, outr, q, k, v, out, lse, blockIdx.x, blockIdx.y,
+                                              tile_memory());
+}
+
+__global__ void __launch_bounds__(tiles::kThreads)
+    tiled_grad_q_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
+  DeviceExec ex;
+  tiles::grad_q_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+}
+
+__global__ void __launch_bounds__(tiles::kThreads)
+    tiled_grad_kv_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
+  DeviceExec ex;
+  tiles::grad_kv_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+}
+
+// The shared memory a block may opt in to on the current device.
+size_t opt_in_shared_bytes() {
+  int device = 0, bytes = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  return static_cast<size_t>(bytes);
+}
+
+// Launches `kernel` on a grid of 64-row tiles x entries with `bytes` of shared memory
+// (opted in above the default 48 KiB).
+template <class Kernel, class... Args>
+void launch_tiled(Kernel kernel, int64_t rows, size_t bytes, const AttentionShape& s, cudaStream_t stream,
+                  const char* what, Args... args) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  const dim3 grid(static_cast<unsigned>((rows + tiles::kTile - 1) / tiles::kTile),
+                  static_cast<unsigned>(s.batch.entries));
+  kernel<<<grid, tiles::kThreads, bytes, stream>>>(s, args...);
+  check(cudaGetLastError(), what);
+}
+
 // Calls fn(T{}) with the storage type: float, or uint16_t for BF16 bit patterns.
 template <class Fn>
 void visit(bool bf16, Fn&& fn) {
@@ -214,18 +316,34 @@ void visit(bool bf16, Fn&& fn) {
   }
 }
 
-}  // namespace
-
-size_t attention_shared_bytes(const AttentionShape& s) {
-  // The largest of the three kernels: grad_kv's two rows, two accumulators, two tiles.
+// The row kernels' shared memory: the largest of the three is grad_kv's (two rows,
+// two accumulators, two tiles).
+size_t row_kernel_shared_bytes(const AttentionShape& s) {
   const int64_t floats = 2 * s.head_dim + 2 * s.value_dim + 2 * kThreads + kWarps;
   return static_cast<size_t>(floats) * sizeof(float);
+}
+constexpr size_t kRowKernelMaxSharedBytes = 48 * 1024;
+
+}  // namespace
+
+bool attention_tiled(const AttentionShape& s) {
+  return tiles::applies(s) && tiles::max_shared_bytes(s) <= opt_in_shared_bytes();
+}
+
+bool attention_fits(const AttentionShape& s) {
+  return attention_tiled(s) || row_kernel_shared_bytes(s) <= kRowKernelMaxSharedBytes;
 }
 
 void launch_attention(const AttentionShape& s, const AttentionRows& q_rows, const AttentionRows& k_rows,
                       const AttentionRows& v_rows, const AttentionRows& out_rows, const void* q, const void* k,
                       const void* v, void* out, float* lse, void* stream) {
   if (s.queries == 0 || s.batch.entries == 0) return;
+  if (attention_tiled(s)) {
+    launch_tiled(tiled_forward_kernel, s.queries, tiles::ForwardLayout(s).bytes, s, static_cast<cudaStream_t>(stream),
+                 "tiled attention kernel launch", q_rows, k_rows, v_rows, out_rows, static_cast<const uint16_t*>(q),
+                 static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), static_cast<uint16_t*>(out), lse);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(s.queries), static_cast<unsigned>(s.batch.entries));
   const size_t shared = static_cast<size_t>(s.head_dim + s.value_dim + kThreads + kWarps) * sizeof(float);
   visit(s.bf16, [&](auto tag) {
@@ -242,9 +360,27 @@ void launch_attention_backward(const AttentionShape& s, const AttentionGradRows&
                                float* delta, void* grad_q, void* grad_k, void* grad_v, void* stream) {
   if (s.queries == 0 || s.keys == 0 || s.batch.entries == 0) return;
   auto st = static_cast<cudaStream_t>(stream);
+  if (attention_tiled(s)) {
+    const tiles::GradOperands x{static_cast<const uint16_t*>(grad_out),
+                                static_cast<const uint16_t*>(q),
+                                static_cast<const uint16_t*>(k),
+                                static_cast<const uint16_t*>(v),
+                                static_cast<const uint16_t*>(out),
+                                lse,
+                                delta,
+                                static_cast<uint16_t*>(grad_q),
+                                static_cast<uint16_t*>(grad_k),
+                                static_cast<uint16_t*>(grad_v)};
+    launch_tiled(tiled_grad_q_kernel, s.queries, tiles::GradQLayout(s).bytes, s, st, "tiled attention grad_q launch",
+                 rows, x);
+    // Same stream: it runs after the grad_q kernel has written delta.
+    launch_tiled(tiled_grad_kv_kernel, s.keys, tiles::GradKVLayout(s).bytes, s, st, "tiled attention grad_kv launch",
+                 rows, x);
+    return;
+  }
   const unsigned entries = static_cast<unsigned>(s.batch.entries);
   const size_t q_shared = static_cast<size_t>(2 * s.head_dim + s.value_dim + kThreads + kWarps) * sizeof(float);
-  const size_t kv_shared = attention_shared_bytes(s);
+  const size_t kv_shared = row_kernel_shared_bytes(s);
   visit(s.bf16, [&](auto tag) {
     using T = decltype(tag);
     grad_q_kernel<T><<<dim3(static_cast<unsigned>(s.queries), entries), kThreads, q_shared, st>>>(

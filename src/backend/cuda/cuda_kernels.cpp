@@ -255,19 +255,12 @@ class CudaKernels final : public Kernels {
   // The kernels' plan; what they cannot take is a runtime_error naming the limit.
   static AttentionShape attention_shape(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
     AttentionShape s;
-    DT_CHECK_SUPPORTED(make_attention_batch(q, s.batch), "cuda attention", "at most ", kMaxAttentionBatchDims,
-                       " leading dims, got shape ", q.shape());
-    s.queries = q.size(-2);
-    s.keys = k.size(-2);
-    s.head_dim = q.size(-1);
-    s.value_dim = v.size(-1);
-    s.scale = static_cast<float>(scale);
-    s.causal = causal;
-    s.bf16 = q.dtype() == DType::BF16;
+    DT_CHECK_SUPPORTED(make_attention_shape(q, k, v, causal, scale, s), "cuda attention", "at most ",
+                       kMaxAttentionBatchDims, " leading dims, got shape ", q.shape());
     DT_CHECK_SUPPORTED(s.batch.entries <= 65535, "cuda attention", "at most 65535 batch entries, got ",
                        s.batch.entries);
-    DT_CHECK_SUPPORTED(attention_shared_bytes(s) <= kAttentionMaxSharedBytes, "cuda attention",
-                       "head dims whose rows fit the kernel's shared memory, got q ", q.shape(), " and v ", v.shape());
+    DT_CHECK_SUPPORTED(attention_fits(s), "cuda attention",
+                       "head dims whose rows fit the kernels' shared memory, got q ", q.shape(), " and v ", v.shape());
     return s;
   }
   bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg,
