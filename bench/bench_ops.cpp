@@ -12,10 +12,16 @@
 // figure is the median over rounds of the best of kReps calls. Shapes of train_gpt's
 // model (1024 tokens, dim 256): the attention's qkv, the MLP's up and down
 // projections.
+//
+// Linear then GELU (BM_LinearGelu/<shape>/<dtype>, the MLP's up projection):
+// linear_gelu(x, w, b) with the GELU in the bias epilogue's task, next to the two
+// ops it replaced, gelu(linear(x, w, b)), and to linear alone (the limit: a GELU
+// that costs only its math), alternating A B C in one process as above.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <vector>
 
@@ -96,35 +102,72 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// args: tokens, in features, out features, dtype (0 F32, 1 BF16).
-void BM_LinearBias(benchmark::State& state) {
-  const int64_t rows = state.range(0), k = state.range(1), n = state.range(2);
-  const DType dtype = state.range(3) == 0 ? DType::F32 : DType::BF16;
-  const Tensor x = Tensor::randn({rows, k}, 1, dtype), w = Tensor::randn({n, k}, 2, dtype);
-  const Tensor b = Tensor::randn({n}, 3, dtype);
-  auto fused = [&] { benchmark::DoNotOptimize(linear(x, w, b).data_ptr()); };
-  auto composite = [&] { benchmark::DoNotOptimize(add(matmul(x, w.t()), b).data_ptr()); };
-  auto gemm_only = [&] { benchmark::DoNotOptimize(matmul(x, w.t()).data_ptr()); };
-  for (int warm = 0; warm < 2; ++warm) fused(), composite(), gemm_only();  // the GEMM route is tuned once
-  std::vector<double> f, c, g;
+// Runs a, b, c alternating for kRounds rounds (after two warm-up calls each: the
+// GEMM route is tuned once) and returns each one's median of the best of kReps calls
+// in seconds; the iteration time is a's.
+template <class A, class B, class C>
+std::array<double, 3> alternate(benchmark::State& state, A&& a, B&& b, C&& c) {
+  for (int warm = 0; warm < 2; ++warm) a(), b(), c();
+  std::vector<double> ta, tb, tc;
   for (auto _ : state) {
     for (int round = 0; round < kRounds; ++round) {
-      f.push_back(best_of_reps(fused));
-      c.push_back(best_of_reps(composite));
-      g.push_back(best_of_reps(gemm_only));
+      ta.push_back(best_of_reps(a));
+      tb.push_back(best_of_reps(b));
+      tc.push_back(best_of_reps(c));
     }
-    state.SetIterationTime(median(f));
+    state.SetIterationTime(median(ta));
   }
-  const double flops = 2.0 * rows * k * n;
-  state.counters["fused_GFLOPs"] = flops / median(f) / 1e9;
-  state.counters["composite_GFLOPs"] = flops / median(c) / 1e9;
-  state.counters["gemm_only_GFLOPs"] = flops / median(g) / 1e9;
-  state.counters["fused_over_composite"] = median(c) / median(f);
-  state.counters["fused_over_gemm_only"] = median(g) / median(f);
+  return {median(ta), median(tb), median(tc)};
+}
+
+// args: tokens, in features, out features, dtype (0 F32, 1 BF16).
+struct LinearOperands {
+  int64_t rows, k, n;
+  Tensor x, w, b;
+  explicit LinearOperands(const benchmark::State& state) : rows(state.range(0)), k(state.range(1)), n(state.range(2)) {
+    const DType dtype = state.range(3) == 0 ? DType::F32 : DType::BF16;
+    x = Tensor::randn({rows, k}, 1, dtype);
+    w = Tensor::randn({n, k}, 2, dtype);
+    b = Tensor::randn({n}, 3, dtype);
+  }
+};
+
+void BM_LinearBias(benchmark::State& state) {
+  const LinearOperands o(state);
+  const auto [f, c, g] = alternate(
+      state, [&] { benchmark::DoNotOptimize(linear(o.x, o.w, o.b).data_ptr()); },
+      [&] { benchmark::DoNotOptimize(add(matmul(o.x, o.w.t()), o.b).data_ptr()); },
+      [&] { benchmark::DoNotOptimize(matmul(o.x, o.w.t()).data_ptr()); });
+  const double flops = 2.0 * o.rows * o.k * o.n;
+  state.counters["fused_GFLOPs"] = flops / f / 1e9;
+  state.counters["composite_GFLOPs"] = flops / c / 1e9;
+  state.counters["gemm_only_GFLOPs"] = flops / g / 1e9;
+  state.counters["fused_over_composite"] = c / f;
+  state.counters["fused_over_gemm_only"] = g / f;
+}
+
+void BM_LinearGelu(benchmark::State& state) {
+  const LinearOperands o(state);
+  const auto [f, t, l] = alternate(
+      state, [&] { benchmark::DoNotOptimize(linear_gelu(o.x, o.w, o.b, GeluApprox::Tanh).out.data_ptr()); },
+      [&] { benchmark::DoNotOptimize(gelu(linear(o.x, o.w, o.b), GeluApprox::Tanh).data_ptr()); },
+      [&] { benchmark::DoNotOptimize(linear(o.x, o.w, o.b).data_ptr()); });
+  state.counters["fused_ms"] = f * 1e3;
+  state.counters["two_ops_ms"] = t * 1e3;
+  state.counters["linear_only_ms"] = l * 1e3;
+  state.counters["fused_over_two_ops"] = t / f;
+  state.counters["fused_over_linear_only"] = l / f;
 }
 
 }  // namespace
 
+BENCHMARK(BM_LinearGelu)
+    ->ArgNames({"tokens", "in", "out", "bf16"})
+    ->ArgsProduct({{1024}, {256}, {1024}, {0, 1}})
+    ->ArgsProduct({{4096}, {768}, {3072}, {0, 1}})
+    ->Iterations(1)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LinearBias)
     ->ArgNames({"tokens", "in", "out", "bf16"})
     ->ArgsProduct({{1024}, {256}, {768}, {0, 1}})

@@ -1,4 +1,4 @@
-// matmul and linear on DistTensors.
+// matmul, linear and linear_gelu on DistTensors.
 //
 // Rule "...mk,...kn->...mn" (batch dims broadcast): shard m -> output S(m),
 // shard n -> output S(n) (column parallel), shard k on both -> output
@@ -130,23 +130,24 @@ DistTensor matmul(const DistTensor& a, const DistTensor& b) {
 
 DistTensor matmul(const DistTensor& a, const Tensor& b) { return matmul(a, implicit_replicate(b, a.mesh(), "matmul")); }
 
-DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias) {
-  DT_CHECK_ARG(x.dim() >= 1, "linear", "expected an input with at least 1 dim, got ", x.shape());
-  DT_CHECK_ARG(x.dtype() == w.dtype(), "linear", "dtypes differ: x is ", dtype_name(x.dtype()), ", weight is ",
-               dtype_name(w.dtype()));
-  DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
-  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(), ", weight is ", w.shape(),
-               " (expected x[..., ", w.size(1), "])");
-  if (!bias) {
-    // x @ w^T, telling the backward that b is a Linear's transposed weight.
-    return x.dim() >= 2 ? matmul_2d_or_more(x, transpose(w, 0, 1), true) : matmul(x, transpose(w, 0, 1));
-  }
-  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0), "], got ", bias->shape());
-  if (!fuses_bias(x, w, *bias)) return add(linear(x, w, std::nullopt), *bias);
+namespace {
 
-  // One GEMM with the bias in its epilogue on every rank: "...K,NK,N->...N" with K
-  // unshardable (fuses_bias keeps the row-parallel case out), so N sharded is column
-  // parallel with the bias sliced the same way, a sharded batch dim is data parallel.
+void check_linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias, const char* op) {
+  DT_CHECK_ARG(x.dim() >= 1, op, "expected an input with at least 1 dim, got ", x.shape());
+  DT_CHECK_ARG(x.dtype() == w.dtype(), op, "dtypes differ: x is ", dtype_name(x.dtype()), ", weight is ",
+               dtype_name(w.dtype()));
+  DT_CHECK_ARG(w.dim() == 2, op, "expected weight [out, in], got ", w.shape());
+  DT_CHECK_ARG(x.size(-1) == w.size(1), op, "input features differ: x is ", x.shape(), ", weight is ", w.shape(),
+               " (expected x[..., ", w.size(1), "])");
+  if (bias) DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, op, "expected bias [", w.size(0), "], got ", bias->shape());
+}
+
+// x @ w^T + bias as one GEMM with the bias in its epilogue on every rank (and, with
+// `local` computing linear_gelu, the GELU too): "...K,NK,N->...N" with K unshardable
+// (fuses_bias keeps the row-parallel case out), so N sharded is column parallel with
+// the bias sliced the same way, a sharded batch dim is data parallel.
+DistTensor linear_with_epilogue(const char* op, const std::vector<int64_t>& attributes, const DistTensor& x,
+                                const DistTensor& w, const DistTensor& bias, const ops::LocalFn& local) {
   const int64_t batch_dims = x.dim() - 1;
   Shape out_shape = x.shape();
   out_shape.back() = w.size(0);
@@ -157,22 +158,59 @@ DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<
     s.unshardable = "K";
     return s;
   };
-  DistTensor out = ops::run_einsum_lazy("linear", {}, {x, w, *bias}, spec, out_shape,
+  return ops::run_einsum_lazy(op, attributes, {x, w, bias}, spec, out_shape, local);
+}
+
+// The gradients of x @ w^T + bias for the output gradient g: matmul's (the weight's
+// comes out [out, in] like w), and the bias's g summed over the batch dims.
+Grads linear_grads(const DistTensor& x, const DistTensor& w, const DistTensor& g, const Shape& bias_shape) {
+  Grads out(3);
+  if (autograd::grad_wanted(0) || autograd::grad_wanted(1)) {
+    Grads xw = matmul_grads(x, transpose(w, 0, 1), g, true);
+    out[0] = xw[0];
+    if (xw[1].defined()) out[1] = transpose(xw[1], 0, 1);
+  }
+  if (autograd::grad_wanted(2)) out[2] = ops::sum_to(g, bias_shape);
+  return out;
+}
+
+}  // namespace
+
+DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias) {
+  check_linear(x, w, bias, "linear");
+  if (!bias) {
+    // x @ w^T, telling the backward that b is a Linear's transposed weight.
+    return x.dim() >= 2 ? matmul_2d_or_more(x, transpose(w, 0, 1), true) : matmul(x, transpose(w, 0, 1));
+  }
+  if (!fuses_bias(x, w, *bias)) return add(linear(x, w, std::nullopt), *bias);
+  DistTensor out = linear_with_epilogue("linear", {}, x, w, *bias,
                                         [](const std::vector<Tensor>& l) { return linear(l[0], l[1], l[2]); });
   if (!autograd::needs_grad({x, w, *bias})) return out;
   const DistTensor sx = x.detach(), sw = w.detach();
   const Shape bias_shape = bias->shape();
-  return with_grad(out, "linear", {x, w, *bias}, [sx, sw, bias_shape](const Grads& g) {
-    // x @ w^T's gradients as matmul's (the weight's comes out [out, in] like w), and
-    // the bias's the output gradient summed over the batch dims.
-    Grads out(3);
-    if (autograd::grad_wanted(0) || autograd::grad_wanted(1)) {
-      Grads xw = matmul_grads(sx, transpose(sw, 0, 1), g[0], true);
-      out[0] = xw[0];
-      if (xw[1].defined()) out[1] = transpose(xw[1], 0, 1);
-    }
-    if (autograd::grad_wanted(2)) out[2] = ops::sum_to(g[0], bias_shape);
-    return out;
+  return with_grad(out, "linear", {x, w, *bias},
+                   [sx, sw, bias_shape](const Grads& g) { return linear_grads(sx, sw, g[0], bias_shape); });
+}
+
+DistTensor linear_gelu(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias,
+                       GeluApprox approx) {
+  check_linear(x, w, bias, "linear_gelu");
+  if (!bias || !fuses_bias(x, w, *bias)) return gelu(linear(x, w, bias), approx);
+  // The local op hands back linear's output too: gelu's backward reads it, so it is
+  // kept (as the two ops keep it) with the output's placements.
+  Tensor pre_local;
+  DistTensor out = linear_with_epilogue("linear_gelu", {static_cast<int64_t>(approx)}, x, w, *bias,
+                                        [&pre_local, approx](const std::vector<Tensor>& l) {
+                                          LinearGeluResult r = linear_gelu(l[0], l[1], l[2], approx);
+                                          pre_local = std::move(r.pre);
+                                          return r.out;
+                                        });
+  if (!autograd::needs_grad({x, w, *bias})) return out;
+  const DistTensor pre = dispatch::wrap(pre_local, out.mesh(), out.placements(), out.shape());
+  const DistTensor sx = x.detach(), sw = w.detach();
+  const Shape bias_shape = bias->shape();
+  return with_grad(out, "linear_gelu", {x, w, *bias}, [sx, sw, pre, bias_shape, approx](const Grads& g) {
+    return linear_grads(sx, sw, ops::gelu_backward(g[0], pre, approx), bias_shape);
   });
 }
 

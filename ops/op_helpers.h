@@ -46,6 +46,9 @@ DistTensor run_pointwise(const char* op, const std::vector<int64_t>& attributes,
 // broadcasting: leading dims and stretched size-1 dims are summed).
 DistTensor sum_to(const DistTensor& grad, const Shape& shape);
 
+// gelu's input gradient g * gelu'(a) (a pointwise op: a Partial is reduced first).
+DistTensor gelu_backward(const DistTensor& g, const DistTensor& a, GeluApprox approx);
+
 // The same values in another dtype (placements unchanged).
 DistTensor cast(const DistTensor& a, DType dtype);
 

@@ -77,12 +77,8 @@ DistTensor unary_backward(UnaryOp op, const DistTensor& g, const DistTensor& a, 
     case UnaryOp::Relu: return mul(g, mask(BinaryOp::Gt, a, 0, t));
     case UnaryOp::Square: return mul(g, mul(a, 2.0));
     case UnaryOp::Reciprocal: return neg(mul(g, mul(out, out)));
-    case UnaryOp::GeluTanh:
-    case UnaryOp::GeluErf: {
-      const GeluApprox approx = op == UnaryOp::GeluTanh ? GeluApprox::Tanh : GeluApprox::None;
-      return run_pointwise("gelu_backward", {static_cast<int64_t>(approx)}, {g, a}, PartialRule::None, {},
-                           [approx](const std::vector<Tensor>& l) { return gelu_backward(l[0], l[1], approx); });
-    }
+    case UnaryOp::GeluTanh: return ops::gelu_backward(g, a, GeluApprox::Tanh);
+    case UnaryOp::GeluErf: return ops::gelu_backward(g, a, GeluApprox::None);
     case UnaryOp::Silu:
       return run_pointwise("silu_backward", {}, {g, a}, PartialRule::None, {},
                            [](const std::vector<Tensor>& l) { return silu_backward(l[0], l[1]); });
@@ -167,6 +163,11 @@ DistTensor binary(BinaryOp op, const Tensor& a, const DistTensor& b) {
 }
 
 DistTensor neg(const DistTensor& a) { return unary(UnaryOp::Neg, a); }
+DistTensor ops::gelu_backward(const DistTensor& g, const DistTensor& a, GeluApprox approx) {
+  return run_pointwise("gelu_backward", {static_cast<int64_t>(approx)}, {g, a}, PartialRule::None, {},
+                       [approx](const std::vector<Tensor>& l) { return dtensor::gelu_backward(l[0], l[1], approx); });
+}
+
 DistTensor abs(const DistTensor& a) { return unary(UnaryOp::Abs, a); }
 DistTensor exp(const DistTensor& a) { return unary(UnaryOp::Exp, a); }
 DistTensor log(const DistTensor& a) { return unary(UnaryOp::Log, a); }

@@ -163,7 +163,7 @@ std::vector<Case> cases() {
                  [](const std::vector<Tensor>& in, DType) {
                    return std::vector<Tensor>{sum(in[0], {1}), amax(in[0], {0}), amin(in[0], {0, 1}), argmax(in[0], 0)};
                  }});
-  all.push_back({"matmul (batched, transposed, broadcast) and linear with and without bias", kFloats,
+  all.push_back({"matmul (batched, transposed, broadcast), linear and linear_gelu with and without bias", kFloats,
                  [](DType t) {
                    return std::vector<Tensor>{uniform({2, 5, 7}, t, -1, 1, 11), uniform({2, 7, 3}, t, -1, 1, 12),
                                               uniform({4, 7}, t, -1, 1, 13), uniform({4}, t, -1, 1, 14)};
@@ -171,9 +171,15 @@ std::vector<Case> cases() {
                  [](const std::vector<Tensor>& in, DType) {
                    const Tensor& a = in[0];
                    const Tensor& b = in[1];
-                   return std::vector<Tensor>{matmul(a, b), matmul(a, in[2].transpose(0, 1)),
+                   const LinearGeluResult lg = linear_gelu(a, in[2], in[3], GeluApprox::Tanh);
+                   return std::vector<Tensor>{matmul(a, b),
+                                              matmul(a, in[2].transpose(0, 1)),
                                               matmul(a, b.transpose(1, 2).contiguous().transpose(1, 2)),
-                                              linear(a, in[2], in[3]), linear(a, in[2])};
+                                              linear(a, in[2], in[3]),
+                                              linear(a, in[2]),
+                                              lg.out,
+                                              lg.pre,
+                                              linear_gelu(a, in[2], std::nullopt, GeluApprox::None).out};
                  },
                  10});
   all.push_back({"softmax and log_softmax, forward and backward", kFloats,
@@ -343,6 +349,11 @@ class CountingKernels final : public backend::Kernels {
     note("matmul_bias");
     inner_.matmul_bias(a, b, bias, out);
   }
+  void matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, GeluApprox approx, Tensor& out,
+                        Tensor& pre) override {
+    note("matmul_bias_gelu");
+    inner_.matmul_bias_gelu(a, b, bias, approx, out, pre);
+  }
   void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
     note(log ? "log_softmax" : "softmax");
     inner_.softmax(a, dim, log, out);
@@ -446,6 +457,7 @@ std::set<std::string> every_entry() {
                                 "argmax",
                                 "matmul",
                                 "matmul_bias",
+                                "matmul_bias_gelu",
                                 "softmax",
                                 "log_softmax",
                                 "softmax_backward",

@@ -77,6 +77,31 @@ TEST(CudaMatmul, LinearBiasEpilogueMatchesTheCpu) {
   }
 }
 
+// linear_gelu: cuBLASLt's GELU_AUX_BIAS (tanh form; GELU_AUX without a bias) writes
+// the GELU and linear's output; the erf form, F64 and output features that break
+// cuBLASLt's aux rule (not a multiple of 8) run the two ops. All against the CPU.
+TEST(CudaMatmul, LinearGeluEpilogueMatchesTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
+    const double tol = t == DType::F64 ? 1e-10 : t == DType::F32 ? 1e-4 : 3e-2;
+    for (int64_t n : {48, 45}) {
+      for (GeluApprox approx : {GeluApprox::Tanh, GeluApprox::None}) {
+        const Tensor x = Tensor::randn({4, 33, 70}, 1, t), w = Tensor::randn({n, 70}, 2, t),
+                     b = Tensor::randn({n}, 3, t);
+        for (const std::optional<Tensor>& bias : {std::optional<Tensor>(b), std::optional<Tensor>()}) {
+          const LinearGeluResult cpu = linear_gelu(x, w, bias, approx);
+          const LinearGeluResult gpu =
+              linear_gelu(x.to(kGpu), w.to(kGpu), bias ? std::optional<Tensor>(bias->to(kGpu)) : std::nullopt, approx);
+          const std::string what = std::string(dtype_name(t)) + " n " + std::to_string(n) +
+                                   (approx == GeluApprox::Tanh ? " tanh" : " erf") + (bias ? " bias" : "");
+          EXPECT_TRUE(allclose(gpu.out.to(Device::cpu()).to(DType::F64), cpu.out.to(DType::F64), tol, tol)) << what;
+          EXPECT_TRUE(allclose(gpu.pre.to(Device::cpu()).to(DType::F64), cpu.pre.to(DType::F64), tol, tol)) << what;
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaMatmul, Tf32IsOptInAndCloseToFp32) {
   REQUIRE_GPU();
   Tensor a = Tensor::randn({256, 512}, 8), b = Tensor::randn({512, 128}, 9);

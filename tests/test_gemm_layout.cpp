@@ -129,12 +129,16 @@ TEST(GemmLayout, TheCacheKeyTellsApartEveryCallThatNeedsOtherDescriptors) {
   others.push_back(gemm_key(base, 0, false, 0, buffer + 2, b, out));
   others.push_back(gemm_key(base, 0, false, 0, a, buffer + 1028, out));
   others.push_back(gemm_key(base, 0, false, 0, a, b, buffer + 2056));
-  others.push_back(gemm_key(base, 0, false, 0, a, b, out, buffer + 3072));  // a bias epilogue
-  others.push_back(gemm_key(base, 0, false, 0, a, b, out, buffer + 3074));  // its alignment
+  others.push_back(gemm_key(base, 0, false, 0, a, b, out, buffer + 3072));                 // a bias epilogue
+  others.push_back(gemm_key(base, 0, false, 0, a, b, out, buffer + 3074));                 // its alignment
+  others.push_back(gemm_key(base, 0, false, 0, a, b, out, buffer + 3072, buffer + 3584));  // GELU_AUX_BIAS
+  others.push_back(gemm_key(base, 0, false, 0, a, b, out, nullptr, buffer + 3584));        // GELU_AUX
   EXPECT_TRUE(gemm_key(base, 0, false, 0, a, b, out, buffer + 3072) ==
               gemm_key(base, 0, false, 0, a, b, out, buffer + 3584))
       << "bias vectors of the same alignment share a plan";
+  EXPECT_FALSE(others[others.size() - 3] == others[others.size() - 4]);
   EXPECT_FALSE(others[others.size() - 1] == others[others.size() - 2]);
+  EXPECT_FALSE(others[others.size() - 2] == others[others.size() - 4]) << "the GELU epilogue is not the bias one";
   const GemmKeyHash hash;
   for (size_t i = 0; i < others.size(); ++i) {
     EXPECT_FALSE(others[i] == key) << "change " << i << " keeps the key";

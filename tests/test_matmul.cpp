@@ -165,6 +165,50 @@ TEST(Matmul, LinearBiasOfAnotherDtypePromotes) {
   EXPECT_TRUE(identical(y, add(matmul(x, w.t()), b)));
 }
 
+// linear_gelu: the GELU in the bias epilogue's task, bit for bit linear then gelu
+// (F32 and BF16 through the epilogue, either GELU form, with and without a bias,
+// sizes over several tiles and tasks, transposed inputs and 1-D ones; F64, F16 and an
+// empty contraction through the two ops), and linear's output as `pre`.
+TEST(Matmul, LinearGeluEqualsLinearThenGelu) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F64, DType::F16}) {
+    for (GeluApprox approx : {GeluApprox::Tanh, GeluApprox::None}) {
+      for (auto [rows, k, n] :
+           std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {6, 4, 5}, {70, 300, 130}, {257, 64, 96}}) {
+        const Tensor w = Tensor::randn({n, k}, 2, dt), b = Tensor::randn({n}, 3, dt);
+        const Tensor x = Tensor::randn({rows, k}, 1, dt);
+        const Tensor xt = Tensor::randn({k, rows}, 4, dt).t();
+        for (const Tensor& in : {x, xt}) {
+          for (const std::optional<Tensor>& bias : {std::optional<Tensor>(b), std::optional<Tensor>()}) {
+            const LinearGeluResult r = linear_gelu(in, w, bias, approx);
+            const Tensor want_pre = linear(in, w, bias);
+            EXPECT_TRUE(identical(r.pre, want_pre)) << dtype_name(dt) << " " << rows << "x" << k << "x" << n;
+            EXPECT_TRUE(identical(r.out, gelu(want_pre, approx)))
+                << dtype_name(dt) << " " << rows << "x" << k << "x" << n << (bias ? " bias" : "")
+                << (approx == GeluApprox::Tanh ? " tanh" : " erf");
+          }
+        }
+      }
+      const Tensor v = Tensor::randn({4}, 6, dt), w = Tensor::randn({3, 4}, 7, dt), b = Tensor::randn({3}, 8, dt);
+      const LinearGeluResult r = linear_gelu(v, w, b, approx);
+      EXPECT_EQ(r.out.shape(), (Shape{3}));
+      EXPECT_TRUE(identical(r.out, gelu(linear(v, w, b), approx)));
+      const Tensor batched = Tensor::randn({2, 3, 4}, 9, dt);
+      EXPECT_EQ(linear_gelu(batched, w, b, approx).out.shape(), (Shape{2, 3, 3}));
+      EXPECT_TRUE(identical(linear_gelu(batched, w, b, approx).out, gelu(linear(batched, w, b), approx)));
+      const Tensor empty = linear_gelu(Tensor::zeros({2, 0}, dt), Tensor::zeros({3, 0}, dt), b, approx).out;
+      EXPECT_TRUE(identical(empty, gelu(b.expand({2, 3}).contiguous(), approx)));
+    }
+  }
+  const Tensor x = Tensor::randn({2, 4}, 1), w = Tensor::randn({3, 4}, 2);
+  EXPECT_THROW_MSG(linear_gelu(x, Tensor::zeros({3, 5}), std::nullopt), std::invalid_argument,
+                   "[linear_gelu] input features differ: x is [2, 4], weight is [3, 5]");
+  EXPECT_THROW_MSG(linear_gelu(x, w, Tensor::zeros({4})), std::invalid_argument,
+                   "[linear_gelu] expected bias [3], got [4]");
+  // A bias of another dtype: linear's promotion, then the GELU.
+  const Tensor b64 = Tensor::randn({3}, 3, DType::F64);
+  EXPECT_TRUE(identical(linear_gelu(x, w, b64).out, gelu(linear(x, w, b64))));
+}
+
 TEST(Matmul, BadInputsThrowWithShapes) {
   EXPECT_THROW_MSG(matmul(Tensor::zeros({4, 8}), Tensor::zeros({6, 3})), std::invalid_argument,
                    "[matmul] inner dims differ: a is [4, 8], b is [6, 3]");

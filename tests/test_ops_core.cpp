@@ -138,6 +138,49 @@ TEST(OpsCore, LinearFusesTheBiasUnlessTheProductIsPartial) {
   });
 }
 
+// linear_gelu() is linear's epilogue plus the GELU ("linear_gelu" node) wherever the
+// bias fuses, with linear then gelu's values, placements, gradients and (no)
+// communication; row parallel is the two ops, the Partial product reduced before the
+// GELU as gelu(linear()) does.
+TEST(OpsCore, LinearGeluIsLinearThenGeluWithOneGemm) {
+  launch(2, [](Group world) {
+    DeviceMesh mesh(world, {2}, {"tp"});
+    const Tensor xf = Tensor::randn({2, 3, 8}, 1), wf = Tensor::randn({6, 8}, 2), bf = Tensor::randn({6}, 3);
+    struct Case {
+      Placements x, w, b;
+      const char* node;
+    };
+    for (const Case& c : {Case{{Replicate()}, {Shard(0)}, {Shard(0)}, "linear_gelu"},     // column parallel
+                          Case{{Shard(0)}, {Replicate()}, {Replicate()}, "linear_gelu"},  // data parallel
+                          Case{{Shard(2)}, {Shard(1)}, {Replicate()}, "gelu"}}) {         // row parallel
+      for (GeluApprox approx : {GeluApprox::Tanh, GeluApprox::None}) {
+        auto run = [&](bool fused) {
+          DistTensor x = distribute(xf, mesh, c.x).set_requires_grad();
+          DistTensor w = distribute(wf, mesh, c.w).set_requires_grad();
+          DistTensor b = distribute(bf, mesh, c.b).set_requires_grad();
+          CommDebugMode comm;
+          DistTensor y = fused ? linear_gelu(x, w, b, approx) : gelu(linear(x, w, b), approx);
+          const std::string node = y.grad_fn_name();
+          sum(mul(y, y)).backward();
+          return std::tuple{y, x.grad(), w.grad(), b.grad(), comm.to_string(), node};
+        };
+        const auto [y, gx, gw, gb, comm, node] = run(true);
+        const auto [y2, gx2, gw2, gb2, comm2, node2] = run(false);
+        EXPECT_EQ(node, std::string(c.node) == "gelu" ? node2 : c.node);
+        EXPECT_EQ(y.placements(), y2.placements()) << c.node;
+        EXPECT_EQ(comm, comm2) << c.node << ": the same collectives as the two ops";
+        for (auto [got, want] : {std::pair{y, y2}, {gx, gx2}, {gw, gw2}, {gb, gb2}}) {
+          EXPECT_EQ(got.placements(), want.placements()) << c.node;
+          EXPECT_TRUE(allclose(got.full_tensor(), want.full_tensor(), 1e-6, 1e-6)) << c.node;
+        }
+      }
+    }
+    // Without a bias it is the two ops.
+    DistTensor x = distribute(xf, mesh, {Replicate()}), w = distribute(wf, mesh, {Shard(0)});
+    EXPECT_TRUE(allclose(linear_gelu(x, w, std::nullopt).full_tensor(), gelu(linear(xf, wf)), 1e-6, 1e-6));
+  });
+}
+
 TEST(OpsCore, Reductions) {
   for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{}, {0}, {1}, {0, 2}, {-1}}) {
     for (bool keepdim : {false, true}) {

@@ -109,6 +109,13 @@ DistTensor argmax(const DistTensor& a, int64_t dim, bool keepdim = false);
 DistTensor matmul(const DistTensor& a, const DistTensor& b);
 DistTensor matmul(const DistTensor& a, const Tensor& b);
 DistTensor linear(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias = std::nullopt);
+// gelu(linear(x, w, bias), approx) with the GELU in the GEMM's epilogue (one pass
+// over the output fewer; nn::MLP's first layer): the same values, placements and
+// gradients as the two ops, the same communication. Where the bias cannot ride in the
+// epilogue (no bias, the contraction dim sharded so that linear's output would be
+// Partial, a vector input) it is the two ops.
+DistTensor linear_gelu(const DistTensor& x, const DistTensor& w, const std::optional<DistTensor>& bias,
+                       GeluApprox approx = GeluApprox::None);
 
 // ---- neural-network ops -------------------------------------------------------------------
 DistTensor softmax(const DistTensor& a, int64_t dim);

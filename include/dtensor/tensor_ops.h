@@ -97,6 +97,15 @@ Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x @ w^T + bias with w of shape [out, in] (the nn.Linear convention).
 Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias = std::nullopt);
+// gelu(linear(x, w, bias)) with the GELU in the GEMM's epilogue (one pass over the
+// output fewer): `out`, and linear's output `pre` that gelu_backward reads. On the
+// CPU bit for bit the two ops; on CUDA (cuBLASLt's GELU_AUX_BIAS, tanh form) within a
+// rounding of them.
+struct LinearGeluResult {
+  Tensor out, pre;
+};
+LinearGeluResult linear_gelu(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias,
+                             GeluApprox approx = GeluApprox::None);
 
 // ---- neural-network kernels ---------------------------------------------------------
 Tensor softmax(const Tensor& a, int64_t dim);

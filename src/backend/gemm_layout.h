@@ -90,16 +90,17 @@ struct GemmKey {
   }
 };
 
-// bias: null for a plain GEMM, else the bias epilogue's vector (its alignment is a
-// field: the heuristic depends on it).
+// bias: null for a plain GEMM, else the bias epilogue's vector; pre: null, else the
+// GELU epilogue's pre-activation output (their alignments are a field: the heuristic
+// depends on them, and a present pointer's alignment is at least 1).
 inline GemmKey gemm_key(const GemmPlan& p, int dtype, bool tf32, int device, const void* a, const void* b,
-                        const void* out, const void* bias = nullptr) {
+                        const void* out, const void* bias = nullptr, const void* pre = nullptr) {
   return GemmKey{
       {p.m, p.n, p.k, p.batch, p.a.transpose, p.a.ld, p.a.batch_stride, p.b.transpose, p.b.ld, p.b.batch_stride, p.ldc,
        p.batch_stride_c, dtype, tf32, device,
        // the three alignments in one field: each is a power of two <= 256
        int64_t{pointer_alignment(a)} | int64_t{pointer_alignment(b)} << 16 | int64_t{pointer_alignment(out)} << 32,
-       bias ? int64_t{pointer_alignment(bias)} : 0}};
+       (bias ? int64_t{pointer_alignment(bias)} : 0) | (pre ? int64_t{pointer_alignment(pre)} << 16 : 0)}};
 }
 
 struct GemmKeyHash {

@@ -54,6 +54,14 @@ class Kernels {
   // bias[j], bias [n] contiguous in out's dtype, added in the GEMM's epilogue rather
   // than by a second pass over the output.
   virtual void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) = 0;
+  // A Linear feeding a GELU (the MLP's first layer): pre = a @ b + bias (bias as
+  // above, or undefined for none) and out = gelu(pre), both [B, m, n] contiguous,
+  // with the GELU in the GEMM's epilogue where the device has one (pre is what gelu's
+  // backward reads). On the CPU bit for bit matmul_bias followed by unary gelu; on
+  // CUDA cuBLASLt's GELU_AUX_BIAS epilogue (tanh form) takes the GELU from the
+  // unrounded accumulator, so BF16 results may differ from the two ops by a rounding.
+  virtual void matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, GeluApprox approx, Tensor& out,
+                                Tensor& pre) = 0;
 
   // Along `dim` of a contiguous-or-strided input; out contiguous with a's shape.
   virtual void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) = 0;

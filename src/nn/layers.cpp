@@ -37,8 +37,10 @@ Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features
 }
 
 DistTensor Linear::forward(const DistTensor& x) {
-  if (bias_) return linear(x, for_compute(*weight_), for_compute(*bias_));
-  return linear(x, for_compute(*weight_));
+  std::optional<DistTensor> bias;
+  if (bias_) bias = for_compute(*bias_);
+  if (gelu_) return linear_gelu(x, for_compute(*weight_), bias, *gelu_);
+  return linear(x, for_compute(*weight_), bias);
 }
 
 Embedding::Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, uint64_t seed, double init_std) {
@@ -73,6 +75,7 @@ MLP::MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, Activation activat
          double out_init_std)
     : activation_(activation) {
   up_ = register_module("up", std::make_shared<Linear>(mesh, dim, hidden, bias, derive_seed(seed, 0)));
+  if (activation == Activation::Gelu) up_->fuse_gelu(GeluApprox::Tanh);
   if (activation == Activation::SwiGlu) {
     gate_ = register_module("gate", std::make_shared<Linear>(mesh, dim, hidden, bias, derive_seed(seed, 1)));
   }
@@ -81,7 +84,7 @@ MLP::MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, Activation activat
 
 DistTensor MLP::forward(const DistTensor& x) {
   if (activation_ == Activation::SwiGlu) return (*down_)(mul(silu((*gate_)(x)), (*up_)(x)));
-  return (*down_)(gelu((*up_)(x), GeluApprox::Tanh));
+  return (*down_)((*up_)(x));  // up's GELU is fused into its GEMM
 }
 
 SelfAttention::SelfAttention(const DeviceMesh& mesh, int64_t dim, int64_t heads, bool bias, double dropout,

@@ -18,8 +18,10 @@ void check_matmul_operands(const Tensor& a, const Tensor& b, const char* op) {
 }
 
 // The common [batch..., m, k] @ [k, n] (a 1-D a is one row): one GEMM with all batch
-// rows stacked, plus `bias` ([n], out's dtype; undefined for none) in its epilogue.
-Tensor stacked_rows_matmul(const Tensor& a, const Tensor& b, const Tensor& bias) {
+// rows stacked, plus `bias` ([n], out's dtype; undefined for none) in its epilogue,
+// and with `gelu` that GELU after it, linear's output going to *pre.
+Tensor stacked_rows_matmul(const Tensor& a, const Tensor& b, const Tensor& bias,
+                           std::optional<GeluApprox> gelu = std::nullopt, Tensor* pre = nullptr) {
   const int64_t k = b.size(0), n = b.size(1);
   Shape out_shape = a.shape();
   out_shape.back() = n;
@@ -27,12 +29,30 @@ Tensor stacked_rows_matmul(const Tensor& a, const Tensor& b, const Tensor& bias)
   for (int64_t d = 0; d + 1 < a.dim(); ++d) rows *= a.size(d);
   Tensor out = Tensor::empty({1, rows, n}, a.dtype(), a.device());
   backend::Kernels& kernels = backend::kernels_for(a.device());
-  if (bias.defined()) {
+  if (gelu) {
+    Tensor linear_out = Tensor::empty({1, rows, n}, a.dtype(), a.device());
+    kernels.matmul_bias_gelu(a.reshape({1, rows, k}), b.unsqueeze(0), bias, *gelu, out, linear_out);
+    *pre = linear_out.view(out_shape);
+  } else if (bias.defined()) {
     kernels.matmul_bias(a.reshape({1, rows, k}), b.unsqueeze(0), bias, out);
   } else {
     kernels.matmul(a.reshape({1, rows, k}), b.unsqueeze(0), out);
   }
   return out.view(out_shape);
+}
+
+void check_linear_operands(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias, const char* op) {
+  check_matmul_operands(x, w, op);
+  DT_CHECK_ARG(w.dim() == 2, op, "expected weight [out, in], got ", w.shape());
+  DT_CHECK_ARG(x.size(-1) == w.size(1), op, "input features differ: x is ", x.shape(), ", weight is ", w.shape(),
+               " (expected x[..., ", w.size(1), "])");
+  if (bias) DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, op, "expected bias [", w.size(0), "], got ", bias->shape());
+}
+
+// Whether the bias goes into the GEMM's epilogue: one of x's dtype and device (else
+// add()'s promotion and errors apply).
+bool bias_fuses(const Tensor& x, const std::optional<Tensor>& bias) {
+  return !bias || (bias->dtype() == x.dtype() && bias->device() == x.device());
 }
 
 // [..., m, k] @ [..., k, n] with both operands at least 2-D.
@@ -68,16 +88,24 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias) {
-  check_matmul_operands(x, w, "linear");
-  DT_CHECK_ARG(w.dim() == 2, "linear", "expected weight [out, in], got ", w.shape());
-  DT_CHECK_ARG(x.size(-1) == w.size(1), "linear", "input features differ: x is ", x.shape(), ", weight is ", w.shape(),
-               " (expected x[..., ", w.size(1), "])");
+  check_linear_operands(x, w, bias, "linear");
   if (!bias) return matmul(x, w.t());
-  DT_CHECK_ARG(bias->shape() == Shape{w.size(0)}, "linear", "expected bias [", w.size(0), "], got ", bias->shape());
-  // A bias of another dtype or device: add()'s promotion and errors.
-  if (bias->dtype() != x.dtype() || bias->device() != x.device()) return add(matmul(x, w.t()), *bias);
+  if (!bias_fuses(x, bias)) return add(matmul(x, w.t()), *bias);
   // One GEMM over all rows of x with the bias in its epilogue.
   return stacked_rows_matmul(x, w.t(), bias->contiguous());
+}
+
+LinearGeluResult linear_gelu(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias, GeluApprox approx) {
+  check_linear_operands(x, w, bias, "linear_gelu");
+  if (!bias_fuses(x, bias)) {
+    Tensor pre = linear(x, w, bias);
+    return {gelu(pre, approx), pre};
+  }
+  // One GEMM over all rows of x (a 1-D x is one row) with the bias and the GELU in its
+  // epilogue.
+  LinearGeluResult r;
+  r.out = stacked_rows_matmul(x, w.t(), bias ? bias->contiguous() : Tensor(), approx, &r.pre);
+  return r;
 }
 
 }  // namespace dtensor

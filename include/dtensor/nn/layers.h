@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "dtensor/nn/module.h"
+#include "dtensor/tensor_ops.h"  // GeluApprox
 
 namespace dtensor::nn {
 
@@ -39,9 +40,16 @@ class Linear : public Module {
   DistTensor forward(const DistTensor& x) override;
   DistTensor& weight() { return *weight_; }
 
+  // A GELU fused after the layer: forward returns gelu(x W^T + b) through linear_gelu
+  // (the GELU in the GEMM's epilogue; the same values and gradients as the two ops).
+  // MLP's "up" layer has it, so that layer's output (and a hook's view of it) is the
+  // activated hidden state, as in TransformerEngine's fused fc1.
+  void fuse_gelu(GeluApprox approx) { gelu_ = approx; }
+
  private:
   DistTensor* weight_;
   DistTensor* bias_ = nullptr;
+  std::optional<GeluApprox> gelu_;
 };
 
 class Embedding : public Module {
@@ -97,7 +105,8 @@ class Dropout : public Module {
 
 enum class Activation : uint8_t { Gelu, SwiGlu };
 
-// GELU: fc2(gelu(fc1 x)). SwiGLU: down(silu(gate x) * up x).
+// GELU: down(gelu(up x)), the GELU (tanh form) fused into "up" (Linear::fuse_gelu).
+// SwiGLU: down(silu(gate x) * up x).
 class MLP : public Module {
  public:
   MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, Activation activation, bool bias, uint64_t seed,

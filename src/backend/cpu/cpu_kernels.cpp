@@ -25,6 +25,10 @@ class CpuKernels final : public Kernels {
   void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) override {
     cpu::matmul_bias(a, b, bias, out);
   }
+  void matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, GeluApprox approx, Tensor& out,
+                        Tensor& pre) override {
+    cpu::matmul_bias_gelu(a, b, bias, approx, out, pre);
+  }
   void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override { cpu::softmax(a, dim, log, out); }
   void softmax_backward(const Tensor& g, const Tensor& out, int64_t dim, bool log, Tensor& grad_in) override {
     cpu::softmax_backward(g, out, dim, log, grad_in);

@@ -32,6 +32,8 @@ void argmax(const Tensor& a, int64_t dim, Tensor& out);
 
 void matmul(const Tensor& a, const Tensor& b, Tensor& out);
 void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out);
+void matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, GeluApprox approx, Tensor& out,
+                      Tensor& pre);
 
 void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out);
 void softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim, bool log, Tensor& grad_in);

@@ -30,7 +30,14 @@
 // its output tile right after the engine wrote it, while the tile is in cache, and
 // a BF16 tile gets the bias in F32 before its one rounding (PyTorch's addmm rounds
 // once too). F32 and F64 results are bit-identical to a GEMM followed by an add.
+// GELU epilogue (matmul_bias_gelu, the MLP's first Linear and its GELU): each task
+// writes its tile (with the bias) to `pre` and then the tile's GELU to the output,
+// with the vector kernel the unary op uses (a BF16 tile is rounded into pre first and
+// the GELU read from there), so the pair is bit-identical to matmul_bias followed by
+// gelu, with one dispatch and one output allocation fewer. F32 and BF16 native
+// routes; F64 and the routes through F32 run the two ops.
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -40,6 +47,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "backend/cpu/cpu_features.h"
@@ -358,6 +366,13 @@ void add_bias(T* z, int64_t rows, int64_t cols, int64_t ld, const T* bias) {
   }
 }
 
+// The GELU after the bias: `pre` ([batch, m, n] contiguous, the output's dtype) gets
+// the biased tile, the output its GELU.
+struct GeluEpilogue {
+  VecUnary op;  // GeluTanh or GeluErf
+  void* pre;
+};
+
 template <class T, class Run>
 void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k, T* c, Run&& run) {
   const std::vector<Tile> work = tiles(batch, m, n, k);
@@ -374,25 +389,34 @@ void run_tiles(const Prepared& a, const Prepared& b, int64_t batch, int64_t m, i
   });
 }
 
-// bias: null, or [n] added to every output row.
+// bias: null, or [n] added to every output row; gelu: null, or the GELU epilogue
+// (F32 only).
 template <class T>
 void run_native(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n,
-                int64_t k, T* c, const T* bias) {
+                int64_t k, T* c, const T* bias, const GeluEpilogue* gelu) {
   run_tiles<T>(a, b, batch, m, n, k, c, [&](const GemmArgs& g, const T* x, const T* y, T* z, int64_t, const Tile& w) {
+    // With the GELU the GEMM and the bias go to pre's tile, the GELU from there to z.
+    T* dst = gelu ? static_cast<T*>(gelu->pre) + (z - c) : z;
     if constexpr (std::is_same_v<T, float>) {
-      engine.sgemm(g, x, y, z);
-    } else if (!engine.dgemm(g, x, y, z)) {
-      gemm_engines()[0]->dgemm(g, x, y, z);
+      engine.sgemm(g, x, y, dst);
+    } else if (!engine.dgemm(g, x, y, dst)) {
+      gemm_engines()[0]->dgemm(g, x, y, dst);
     }
-    if (bias) add_bias(z, g.m, g.n, n, bias + w.c0);
+    if (bias) add_bias(dst, g.m, g.n, n, bias + w.c0);
+    if constexpr (std::is_same_v<T, float>) {
+      if (gelu) {
+        for (int64_t r = 0; r < g.m; ++r) vec().unary[0](gelu->op, dst + r * n, z + r * n, g.n);
+      }
+    }
   });
 }
 
 // BF16 operands, BF16 output: the engine accumulates in F32 and rounds in its own
 // epilogue (oneDNN), or each task rounds its F32 tile (still in cache) to BF16, the
-// bias (F32, null for none) added first.
+// bias (F32, null for none) added first; with the GELU epilogue the rounded tile goes
+// to pre and its GELU to the output.
 void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t batch, int64_t m, int64_t n, int64_t k,
-              bf16* c, const float* bias) {
+              bf16* c, const float* bias, const GeluEpilogue* gelu) {
   const std::vector<Tile> work = tiles(batch, m, n, k);
   const auto* pa = static_cast<const uint16_t*>(a.t.data_ptr());
   const auto* pb = static_cast<const uint16_t*>(b.t.data_ptr());
@@ -406,8 +430,9 @@ void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t 
       bf16* out = c + i * m * n + w.r0 * n + w.c0;
       // Rounded by the engine straight into the output where it can (no bias: it
       // would be a second rounding).
-      if (!bias && engine.bf16gemm_rounded(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, n, 0.0f},
-                                           x, y, reinterpret_cast<uint16_t*>(out))) {
+      if (!bias && !gelu &&
+          engine.bf16gemm_rounded(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, n, 0.0f}, x, y,
+                                  reinterpret_cast<uint16_t*>(out))) {
         continue;
       }
       thread_local std::vector<float> scratch;
@@ -415,6 +440,14 @@ void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t 
       engine.bf16gemm(GemmArgs{a.op.trans, b.op.trans, rows, cols, k, a.op.ld, b.op.ld, cols, 0.0f}, x, y,
                       scratch.data());
       if (bias) add_bias(scratch.data(), rows, cols, cols, bias + w.c0);
+      if (gelu) {
+        bf16* pre = static_cast<bf16*>(gelu->pre) + (out - c);
+        for (int64_t r = 0; r < rows; ++r) {
+          f32_to_bf16(scratch.data() + r * cols, pre + r * n, cols);
+          vec().unary[1](gelu->op, pre + r * n, out + r * n, cols);
+        }
+        continue;
+      }
       for (int64_t r = 0; r < rows; ++r) f32_to_bf16(scratch.data() + r * cols, out + r * n, cols);
     }
   });
@@ -422,28 +455,37 @@ void run_bf16(GemmEngine& engine, const Prepared& a, const Prepared& b, int64_t 
 
 void matmul_via_f32(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out);
 
-// bias: undefined, or [n] contiguous in out's dtype.
-void run_route(const Route& route, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+// bias: undefined, or [n] contiguous in out's dtype. gelu: null, or the epilogue for
+// an F32 or BF16 output (the routes through F32 run the GEMM into pre and the GELU
+// after it).
+void run_route(const Route& route, const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out,
+               const GeluEpilogue* gelu = nullptr, Tensor* pre = nullptr) {
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
-  if (route.via_f32) return matmul_via_f32(a, b, bias, out);
+  if (route.via_f32) {
+    if (!gelu) return matmul_via_f32(a, b, bias, out);
+    matmul_via_f32(a, b, bias, *pre);
+    return unary(gelu->op == VecUnary::GeluTanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, *pre, out);
+  }
   GemmEngine& engine = *gemm_engines()[static_cast<size_t>(route.engine)];
   const Prepared pa = prepare(a), pb = prepare(b);
   switch (out.dtype()) {
     case DType::F32:
       return run_native<float>(engine, pa, pb, batch, m, n, k, out.data<float>(),
-                               bias.defined() ? bias.data<float>() : nullptr);
+                               bias.defined() ? bias.data<float>() : nullptr, gelu);
     case DType::F64:
+      assert(!gelu);
       return run_native<double>(engine, pa, pb, batch, m, n, k, out.data<double>(),
-                                bias.defined() ? bias.data<double>() : nullptr);
+                                bias.defined() ? bias.data<double>() : nullptr, nullptr);
     default: {
       const Tensor bias32 = bias.defined() ? bias.to(DType::F32) : Tensor();
       return run_bf16(engine, pa, pb, batch, m, n, k, static_cast<bf16*>(out.data_ptr()),
-                      bias32.defined() ? bias32.data<float>() : nullptr);
+                      bias32.defined() ? bias32.data<float>() : nullptr, gelu);
     }
   }
 }
 
-void tuned_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+void tuned_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out, const GeluEpilogue* gelu = nullptr,
+                  Tensor* pre = nullptr) {
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
   // The transposes of the layouts the operands will be read in (part of the shape
   // an engine sees).
@@ -452,9 +494,10 @@ void tuned_matmul(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& 
   const Signature s{out.dtype(), la && la->trans, lb && lb->trans, batch, m, n, k, tasks_for(batch, m, n, k)};
   const Route route = tuner().choose(s, [&](const Route& r) {
     Tensor scratch = Tensor::empty(out.shape(), out.dtype());
-    return cpu_seconds([&] { run_route(r, a, b, Tensor(), scratch); });  // the bias costs every route the same
+    // The epilogues cost every route the same.
+    return cpu_seconds([&] { run_route(r, a, b, Tensor(), scratch); });
   });
-  run_route(route, a, b, bias, out);
+  run_route(route, a, b, bias, out, gelu, pre);
 }
 
 void matmul_via_f32(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
@@ -482,6 +525,18 @@ void matmul_bias(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& o
     return;
   }
   tuned_matmul(a, b, bias, out);
+}
+
+void matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, GeluApprox approx, Tensor& out,
+                      Tensor& pre) {
+  if (out.numel() == 0) return;
+  const UnaryOp op = approx == GeluApprox::Tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf;
+  if (a.size(2) == 0 || (out.dtype() != DType::F32 && out.dtype() != DType::BF16)) {
+    bias.defined() ? matmul_bias(a, b, bias, pre) : matmul(a, b, pre);
+    return unary(op, pre, out);
+  }
+  const GeluEpilogue gelu{op == UnaryOp::GeluTanh ? VecUnary::GeluTanh : VecUnary::GeluErf, pre.data_ptr()};
+  tuned_matmul(a, b, bias, out, &gelu, &pre);
 }
 
 void gemm_f32(const GemmArgs& g, const float* a, const float* b, float* c) {

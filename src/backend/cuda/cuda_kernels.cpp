@@ -164,6 +164,19 @@ class CudaKernels final : public Kernels {
     if (a.size(2) == 0) return copy(bias.expand(out.shape()), out);  // an empty sum: every row is the bias
     run_gemm(a, b, bias, out);
   }
+  void matmul_bias_gelu(const Tensor& a, const Tensor& b, const Tensor& bias, GeluApprox approx, Tensor& out,
+                        Tensor& pre) override {
+    if (out.numel() == 0) return;
+    if (a.size(2) > 0 && approx == GeluApprox::Tanh) {  // cuBLASLt's GELU is the tanh form
+      const GemmCall c = gemm_call(a, b, out);
+      if (gemm_bias_gelu(c.plan, out.dtype(), c.a.data_ptr(), c.b.data_ptr(), optional_ptr(bias), out.data_ptr(),
+                         pre.data_ptr(), out.device().index)) {
+        return;
+      }
+    }
+    bias.defined() ? matmul_bias(a, b, bias, pre) : matmul(a, b, pre);
+    unary(approx == GeluApprox::Tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf, pre, out);
+  }
   void softmax(const Tensor& a, int64_t dim, bool log, Tensor& out) override {
     LinePlan<2> p;
     DT_CHECK_SUPPORTED(make_line_plan<2>(a.shape(), {out.strides().data(), a.strides().data()}, dim, p), "cuda softmax",
@@ -273,22 +286,32 @@ class CudaKernels final : public Kernels {
   }
 
  private:
-  // out = a @ b, plus `bias` when it is defined: in cuBLASLt's epilogue, or (F64, or
-  // no algorithm with it for these operands) in a second pass. An operand with
-  // neither rows nor columns contiguous is copied contiguous first, once.
-  void run_gemm(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+  // The operands of out = a @ b as cuBLASLt takes them: one with neither rows nor
+  // columns contiguous is copied contiguous first, once.
+  struct GemmCall {
+    Tensor a, b;
+    GemmPlan plan;
+  };
+  static GemmCall gemm_call(const Tensor& a, const Tensor& b, const Tensor& out) {
     const int64_t batch = out.size(0), m = out.size(1), n = out.size(2), k = a.size(2);
     BlasOperand probe;
-    const Tensor x = blas_operand(m, k, a.stride(1), a.stride(2), a.stride(0), probe) ? a : a.contiguous();
-    const Tensor y = blas_operand(k, n, b.stride(1), b.stride(2), b.stride(0), probe) ? b : b.contiguous();
-    GemmPlan p;
-    [[maybe_unused]] const bool planned = make_gemm_plan(batch, m, n, k, x.strides().data(), y.strides().data(), p);
+    GemmCall c{blas_operand(m, k, a.stride(1), a.stride(2), a.stride(0), probe) ? a : a.contiguous(),
+               blas_operand(k, n, b.stride(1), b.stride(2), b.stride(0), probe) ? b : b.contiguous(), GemmPlan{}};
+    [[maybe_unused]] const bool planned =
+        make_gemm_plan(batch, m, n, k, c.a.strides().data(), c.b.strides().data(), c.plan);
     assert(planned);
+    return c;
+  }
+  // out = a @ b, plus `bias` when it is defined: in cuBLASLt's epilogue, or (F64, or
+  // no algorithm with it for these operands) in a second pass.
+  void run_gemm(const Tensor& a, const Tensor& b, const Tensor& bias, Tensor& out) {
+    const GemmCall c = gemm_call(a, b, out);
+    const int device = out.device().index;
     if (bias.defined() &&
-        gemm_bias(p, out.dtype(), x.data_ptr(), y.data_ptr(), bias.data_ptr(), out.data_ptr(), out.device().index)) {
+        gemm_bias(c.plan, out.dtype(), c.a.data_ptr(), c.b.data_ptr(), bias.data_ptr(), out.data_ptr(), device)) {
       return;
     }
-    gemm(p, out.dtype(), x.data_ptr(), y.data_ptr(), out.data_ptr(), out.device().index);
+    gemm(c.plan, out.dtype(), c.a.data_ptr(), c.b.data_ptr(), out.data_ptr(), device);
     if (bias.defined()) binary(BinaryOp::Add, out, bias.expand(out.shape()), out);
   }
 };

@@ -17,4 +17,12 @@ void gemm(const GemmPlan& plan, DType dtype, const void* a, const void* b, void*
 bool gemm_bias(const GemmPlan& plan, DType dtype, const void* a, const void* b, const void* bias, void* out,
                int device);
 
+// The same with cuBLASLt's GELU_AUX_BIAS epilogue (GELU_AUX without a bias): pre
+// (out's layout and dtype) = a @ b [+ bias], out = gelu(pre) in the tanh form, both
+// from the F32 accumulator. False, having run nothing, where cuBLASLt has no such
+// algorithm or the operands break its rules (F64; pre's leading dimension, the
+// output features, and batch stride must be multiples of 8).
+bool gemm_bias_gelu(const GemmPlan& plan, DType dtype, const void* a, const void* b, const void* bias, void* out,
+                    void* pre, int device);
+
 }  // namespace dtensor::backend::cuda

@@ -6,7 +6,9 @@
 // thread keeps the descriptors and the heuristic's algorithm of the calls it has
 // made (keyed by backend::GemmKey), so a training step's repeated shapes query the
 // heuristic once. A Linear's bias rides in cuBLASLt's BIAS epilogue (gemm_bias):
-// added to the accumulator before the output is rounded, with no second pass.
+// added to the accumulator before the output is rounded, with no second pass; a
+// Linear feeding a GELU in GELU_AUX_BIAS (gemm_bias_gelu), which also writes the
+// pre-activation for the backward.
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -95,23 +97,38 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, uint64_t rows, uint64_t cols,
 }
 
 // The descriptors of a call and the heuristic's first algorithm for them (found
-// false: none fits the bias epilogue).
+// false: none fits the epilogue).
 struct Plan {
   Descriptors d;
   cublasLtMatmulHeuristicResult_t result{};
   bool found = false;
 };
 
-void set_bias_pointer(cublasLtMatmulDesc_t op, const void* bias) {
-  check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
-           "cublasLtMatmulDescSetAttribute");
+// What rides in the GEMM's epilogue: the bias vector [n] and/or the GELU with its
+// pre-activation output (out's layout and dtype); neither for a plain GEMM.
+struct Epilogue {
+  const void* bias = nullptr;
+  void* pre = nullptr;
+  bool any() const { return bias || pre; }
+};
+
+// This call's epilogue pointers (a cached plan is shared by calls of their alignment).
+void set_pointers(cublasLtMatmulDesc_t op, const Epilogue& e) {
+  if (e.bias) {
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &e.bias, sizeof e.bias),
+             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+  }
+  if (e.pre) {
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &e.pre, sizeof e.pre),
+             "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_POINTER)");
+  }
 }
 
-// Fills `plan` for `p`, with the bias epilogue when `bias` is not null. Throws,
-// caching nothing, when no algorithm fits a plain GEMM; a bias plan that none fits
-// is cached with found = false.
+// Fills `plan` for `p`, with the epilogue `e`. Throws, caching nothing, when no
+// algorithm fits a plain GEMM; an epilogue plan that none fits is cached with
+// found = false.
 void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, cublasComputeType_t compute,
-              cudaDataType_t scale, const void* a, const void* b, const void* out, const void* bias, int device) {
+              cudaDataType_t scale, const void* a, const void* b, const void* out, const Epilogue& e, int device) {
   Descriptors& d = plan.d;
   check_lt(cublasLtMatmulDescCreate(&d.op, compute, scale), "cublasLtMatmulDescCreate");
   const cublasOperation_t ta = p.a.transpose ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -120,17 +137,30 @@ void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, c
            "cublasLtMatmulDescSetAttribute");
   check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
            "cublasLtMatmulDescSetAttribute");
-  if (bias) {
+  if (e.any()) {
     // BLAS's D is out^T (n x m, column-major): its rows are the output features, so
     // the epilogue's per-row vector is the Linear's bias; batch stride 0 shares it.
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    // The GELU's pre-activation has D's layout (ld and batch stride).
+    const cublasLtEpilogue_t epilogue = !e.pre   ? CUBLASLT_EPILOGUE_BIAS
+                                        : e.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                 : CUBLASLT_EPILOGUE_GELU_AUX;
     check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
-             "cublasLtMatmulDescSetAttribute");
-    const int64_t bias_batch_stride = 0;
-    check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_batch_stride,
-                                            sizeof bias_batch_stride),
-             "cublasLtMatmulDescSetAttribute");
-    set_bias_pointer(d.op, bias);  // the heuristic reads its alignment
+             "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+    if (e.bias) {
+      const int64_t bias_batch_stride = 0;
+      check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_batch_stride,
+                                              sizeof bias_batch_stride),
+               "cublasLtMatmulDescSetAttribute(BIAS_BATCH_STRIDE)");
+    }
+    if (e.pre) {
+      const int64_t ld = p.ldc, batch_stride = p.batch_stride_c;
+      check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_LD)");
+      check_lt(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &batch_stride,
+                                              sizeof batch_stride),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE_AUX_BATCH_STRIDE)");
+    }
+    set_pointers(d.op, e);  // the heuristic reads their alignment
   }
   // BLAS computes C (n x m) = op(A) (n x k) op(B) (k x m); layouts are of the stored
   // matrices, before op.
@@ -167,7 +197,7 @@ void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, c
   else
     check_lt(heuristic, "cublasLtMatmulAlgoGetHeuristic");
   plan.found = found > 0;
-  if (bias) return;
+  if (e.any()) return;
   DT_CHECK_SUPPORTED(found > 0, "matmul", "cuBLASLt has no algorithm for ", dtype_name(dtype), " [", p.batch, ", ", p.m,
                      ", ", p.k, "] @ [", p.k, ", ", p.n, "]");
 }
@@ -185,8 +215,8 @@ const Plan& cached_plan(const GemmKey& key, Make&& make) {
   return *plans.emplace(key, std::move(made)).first->second;
 }
 
-// out = a @ b (+ bias): false when `bias` is given and no algorithm has the epilogue.
-bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, const void* bias, void* out, int device) {
+// out = a @ b with the epilogue `e`: false when it has one and no algorithm does.
+bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, const Epilogue& e, void* out, int device) {
   cudaDataType_t type;
   cublasComputeType_t compute;
   cudaDataType_t scale = CUDA_R_32F;
@@ -214,14 +244,15 @@ bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, cons
   }
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
   const Plan& plan = cached_plan(
-      gemm_key(p, static_cast<int>(dtype), compute == CUBLAS_COMPUTE_32F_FAST_TF32, device, a, b, out, bias), [&] {
+      gemm_key(p, static_cast<int>(dtype), compute == CUBLAS_COMPUTE_32F_FAST_TF32, device, a, b, out, e.bias, e.pre),
+      [&] {
         auto made = std::make_unique<Plan>();
-        describe(*made, p, dtype, type, compute, scale, a, b, out, bias, device);
+        describe(*made, p, dtype, type, compute, scale, a, b, out, e, device);
         return made;
       });
   if (!plan.found) return false;
   const Descriptors& d = plan.d;
-  if (bias) set_bias_pointer(d.op, bias);  // this call's vector (the plan is shared by calls of its alignment)
+  set_pointers(d.op, e);
   const cublasLtMatmulHeuristicResult_t& result = plan.result;
   cublasLtHandle_t h = handle(device);
   // The workspace is stream-ordered like any tensor: freed right after the launch,
@@ -241,14 +272,23 @@ bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, cons
 }  // namespace
 
 void gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, void* out, int device) {
-  run_gemm(p, dtype, a, b, nullptr, out, device);
+  run_gemm(p, dtype, a, b, Epilogue{}, out, device);
 }
 
 bool gemm_bias(const GemmPlan& p, DType dtype, const void* a, const void* b, const void* bias, void* out, int device) {
   // cuBLASLt's epilogues are for the 16- and 32-bit float types; F64 adds the bias
   // in a second pass.
   if (dtype == DType::F64) return false;
-  return run_gemm(p, dtype, a, b, bias, out, device);
+  return run_gemm(p, dtype, a, b, Epilogue{bias, nullptr}, out, device);
+}
+
+bool gemm_bias_gelu(const GemmPlan& p, DType dtype, const void* a, const void* b, const void* bias, void* out,
+                    void* pre, int device) {
+  if (dtype == DType::F64) return false;
+  // cuBLASLt's rule for the GELU input matrix: leading dimension and batch stride
+  // divisible by 8.
+  if (p.ldc % 8 != 0 || (p.batch > 1 && p.batch_stride_c % 8 != 0)) return false;
+  return run_gemm(p, dtype, a, b, Epilogue{bias, pre}, out, device);
 }
 
 }  // namespace backend::cuda
