@@ -24,6 +24,7 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -229,6 +230,9 @@ struct DeviceExec {
   }
 };
 
+// BF16 fragments exist from compute capability 8.0 (crt/mma.h); a build for older
+// architectures keeps the tiled kernels empty and never launches them.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 struct DeviceMma {
   template <bool kCol>
   using Layout = std::conditional_t<kCol, wmma::col_major, wmma::row_major>;
@@ -263,34 +267,54 @@ __device__ unsigned char* tile_memory() {
   extern __shared__ __align__(128) unsigned char tile_smem[];
   return tile_smem;
 }
+#endif
 
 __global__ void __launch_bounds__(tiles::kThreads)
     tiled_forward_kernel(AttentionShape s, AttentionRows qr, AttentionRows kr, AttentionRows vr, AttentionRows outr,
                          const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out, float* lse) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   DeviceExec ex;
   tiles::forward_block<DeviceExec, DeviceMma>(ex, s, qr, kr, vr, outr, q, k, v, out, lse, blockIdx.x, blockIdx.y,
                                               tile_memory());
+#endif
 }
 
 __global__ void __launch_bounds__(tiles::kThreads)
     tiled_grad_q_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   DeviceExec ex;
   tiles::grad_q_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+#endif
 }
 
 __global__ void __launch_bounds__(tiles::kThreads)
     tiled_grad_kv_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   DeviceExec ex;
   tiles::grad_kv_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+#endif
 }
 
-// The shared memory a block may opt in to on the current device.
-size_t opt_in_shared_bytes() {
-  int device = 0, bytes = 0;
+// The shared memory a block of the tiled kernels may opt in to on the current device,
+// 0 where they cannot run (BF16 wmma needs compute capability 8.0); asked once per
+// device.
+size_t tiled_shared_limit() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int64_t> limits[kMaxDevices];  // 0: not asked yet; -1: none
+  int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  return static_cast<size_t>(bytes);
+  if (device >= kMaxDevices) return 0;
+  int64_t limit = limits[device].load(std::memory_order_relaxed);
+  if (limit == 0) {
+    int major = 0, bytes = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+          "cudaDeviceGetAttribute(ComputeCapabilityMajor)");
+    check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+          "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    limit = major >= 8 && bytes > 0 ? bytes : -1;
+    limits[device].store(limit, std::memory_order_relaxed);
+  }
+  return limit > 0 ? static_cast<size_t>(limit) : 0;
 }
 
 // Launches `kernel` on a grid of 64-row tiles x entries with `bytes` of shared memory
@@ -327,7 +351,7 @@ constexpr size_t kRowKernelMaxSharedBytes = 48 * 1024;
 }  // namespace
 
 bool attention_tiled(const AttentionShape& s) {
-  return tiles::applies(s) && tiles::max_shared_bytes(s) <= opt_in_shared_bytes();
+  return tiles::applies(s) && tiles::max_shared_bytes(s) <= tiled_shared_limit();
 }
 
 bool attention_fits(const AttentionShape& s) {

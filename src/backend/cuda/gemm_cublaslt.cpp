@@ -192,7 +192,9 @@ void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, c
   const cublasStatus_t heuristic =
       cublasLtMatmulAlgoGetHeuristic(handle(device), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &plan.result, &found);
   // No algorithm for these layouts is NOT_SUPPORTED (or nothing found): say so plainly.
-  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED)
+  // An epilogue the library rejects for these types (INVALID_VALUE, say) is not an
+  // error either: the caller has the two-pass fallback.
+  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || (e.any() && heuristic != CUBLAS_STATUS_SUCCESS))
     found = 0;
   else
     check_lt(heuristic, "cublasLtMatmulAlgoGetHeuristic");
@@ -205,7 +207,7 @@ void describe(Plan& plan, const GemmPlan& p, DType dtype, cudaDataType_t type, c
 // This thread's plan for `key`, made by `make` on first use. The cache is bounded
 // (training reuses a few dozen shapes; a sweep over shapes starts it afresh).
 template <class Make>
-const Plan& cached_plan(const GemmKey& key, Make&& make) {
+Plan& cached_plan(const GemmKey& key, Make&& make) {
   constexpr size_t kMaxPlans = 1024;
   thread_local std::unordered_map<GemmKey, std::unique_ptr<Plan>, GemmKeyHash> plans;
   auto it = plans.find(key);
@@ -243,7 +245,7 @@ bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, cons
           detail::concat("[matmul] no CUDA matmul for ", dtype_name(dtype), " (cuBLASLt takes f32, f64, bf16, f16)"));
   }
   cudaStream_t stream = static_cast<cudaStream_t>(current_stream(device));
-  const Plan& plan = cached_plan(
+  Plan& plan = cached_plan(
       gemm_key(p, static_cast<int>(dtype), compute == CUBLAS_COMPUTE_32F_FAST_TF32, device, a, b, out, e.bias, e.pre),
       [&] {
         auto made = std::make_unique<Plan>();
@@ -265,6 +267,11 @@ bool run_gemm(const GemmPlan& p, DType dtype, const void* a, const void* b, cons
   const cublasStatus_t status = cublasLtMatmul(h, d.op, alpha, b, d.a, a, d.b, beta, out, d.c, out, d.c, &result.algo,
                                                workspace, result.workspaceSize, stream);
   if (workspace) free(device, workspace);
+  if (e.any() && (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE)) {
+    // Rejected before any launch: this shape's epilogue calls take the fallback from now on.
+    plan.found = false;
+    return false;
+  }
   check_lt(status, "cublasLtMatmul");
   return true;
 }
