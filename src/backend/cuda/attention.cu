@@ -350,19 +350,23 @@ constexpr size_t kRowKernelMaxSharedBytes = 48 * 1024;
 
 }  // namespace
 
-bool attention_tiled(const AttentionShape& s) {
-  return tiles::applies(s) && tiles::max_shared_bytes(s) <= tiled_shared_limit();
+bool attention_tiled(const AttentionShape& s, bool backward) {
+  if (!tiles::applies(s)) return false;
+  const size_t bytes =
+      backward ? std::max(tiles::GradQLayout(s).bytes, tiles::GradKVLayout(s).bytes) : tiles::ForwardLayout(s).bytes;
+  return bytes <= tiled_shared_limit();
 }
 
 bool attention_fits(const AttentionShape& s) {
-  return attention_tiled(s) || row_kernel_shared_bytes(s) <= kRowKernelMaxSharedBytes;
+  const bool rows_fit = row_kernel_shared_bytes(s) <= kRowKernelMaxSharedBytes;
+  return (attention_tiled(s, false) || rows_fit) && (attention_tiled(s, true) || rows_fit);
 }
 
 void launch_attention(const AttentionShape& s, const AttentionRows& q_rows, const AttentionRows& k_rows,
                       const AttentionRows& v_rows, const AttentionRows& out_rows, const void* q, const void* k,
                       const void* v, void* out, float* lse, void* stream) {
   if (s.queries == 0 || s.batch.entries == 0) return;
-  if (attention_tiled(s)) {
+  if (attention_tiled(s, false)) {
     launch_tiled(tiled_forward_kernel, s.queries, tiles::ForwardLayout(s).bytes, s, static_cast<cudaStream_t>(stream),
                  "tiled attention kernel launch", q_rows, k_rows, v_rows, out_rows, static_cast<const uint16_t*>(q),
                  static_cast<const uint16_t*>(k), static_cast<const uint16_t*>(v), static_cast<uint16_t*>(out), lse);
@@ -384,7 +388,7 @@ void launch_attention_backward(const AttentionShape& s, const AttentionGradRows&
                                float* delta, void* grad_q, void* grad_k, void* grad_v, void* stream) {
   if (s.queries == 0 || s.keys == 0 || s.batch.entries == 0) return;
   auto st = static_cast<cudaStream_t>(stream);
-  if (attention_tiled(s)) {
+  if (attention_tiled(s, true)) {
     const tiles::GradOperands x{static_cast<const uint16_t*>(grad_out),
                                 static_cast<const uint16_t*>(q),
                                 static_cast<const uint16_t*>(k),

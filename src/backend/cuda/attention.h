@@ -9,12 +9,14 @@
 
 namespace dtensor::backend::cuda {
 
-// Whether the launches below take this shape on the current device: the tiled
-// tensor-core kernels (BF16, head and value dims multiples of 16, their tiles within
-// the shared memory a block may opt in to), else the row kernels (rows within 48 KiB).
+// Whether the launches below take this shape on the current device, forward and
+// backward: the tiled tensor-core kernels (BF16, head and value dims multiples of 16,
+// compute capability 8.0, their tiles within the shared memory a block may opt in
+// to), else the row kernels (rows within 48 KiB).
 bool attention_fits(const AttentionShape& s);
-// Whether the tiled kernels (attention_tiles.h) run this shape.
-bool attention_tiled(const AttentionShape& s);
+// Whether the tiled kernels (attention_tiles.h) run this shape's forward, or its
+// backward (the larger tiles of grad_q and grad_kv): each is chosen on its own.
+bool attention_tiled(const AttentionShape& s, bool backward);
 
 // out and lse of softmax(q k^T * scale [+ causal mask]) v.
 void launch_attention(const AttentionShape& s, const AttentionRows& q_rows, const AttentionRows& k_rows,
