@@ -121,8 +121,15 @@ std::map<std::string, PlanFuture>& cache() {
 
 }  // namespace
 
-std::shared_ptr<const Plan> find_plan(const Placements& from, const Placements& to,
-                                      const Shape& shape, const DeviceMesh& mesh, DType dtype) {
+std::shared_ptr<const Plan> find_plan(const Placements& from_given, const Placements& to_given, const Shape& shape,
+                                      const DeviceMesh& mesh, DType dtype) {
+  // One plan per pair of layouts, however they are spelled: a DistTensor may carry a
+  // Shard order that canonicalize drops (S(0, order=1) as the only split of its dim),
+  // and the search's moves compare placements with their orders, so the raw and the
+  // canonical spelling could plan differently, and explain_redistribute (canonical)
+  // would promise other collectives than redistribute runs.
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  const Placements from = canonicalize(from_given, ndim), to = canonicalize(to_given, ndim);
   const std::string key = cache_key(from, to, shape, mesh, dtype);
   std::promise<std::shared_ptr<const Plan>> promise;
   PlanFuture planned;

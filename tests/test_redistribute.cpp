@@ -1,5 +1,6 @@
 // Redistribution between every pair of layouts on small meshes, checked against the
 // full tensor on one rank, with the comm counters held to what explain promised.
+#include <map>
 #include <random>
 
 #include "dist_op_test_util.h"
@@ -169,6 +170,38 @@ TEST(Redistribute, SizeOneMeshDimsDoNotMixPartialKinds) {
     const Placements max2{Partial(ReduceOp::Max), Partial(ReduceOp::Max), Replicate()};
     check_pair(full, mesh, max2, {Replicate(), Shard(0), Partial()});
     check_pair(full, mesh, {Replicate(), Shard(0), Partial()}, max2);
+  });
+}
+
+// Found by tests/fuzz/fuzz_redistribute: a source spelled S(0, order=1) where that
+// is its dim's only split (canonically S(0)) planned differently from its canonical
+// spelling (the search compares placements with their orders), so redistribute ran
+// an all-gather where explain_redistribute had promised one point-to-point move. The
+// planner now plans the canonical pair whatever the spelling.
+TEST(Redistribute, ExplainPromisesWhatRedistributeRunsForAnySpelling) {
+  launch(8, [](Group g) {
+    const DeviceMesh mesh(g, {2, 1, 4});
+    for (int64_t n : {0, 8, 13}) {
+      const Tensor full = Tensor::arange(0, static_cast<double>(n), 1);
+      const Placements to{Shard(0, 1), Shard(0), Shard(0)};
+      for (const Placements& from :
+           {Placements{Shard(0, 1), Replicate(), Replicate()}, Placements{Shard(0), Replicate(), Replicate()}}) {
+        const DistTensor source = distribute(full, mesh, from);
+        const RedistributePlan plan = explain_redistribute(from, to, full.shape(), mesh);
+        std::map<std::string, int64_t> promised;
+        for (const RedistributeStep& step : plan.steps) {
+          if (!step.collective.empty()) promised[step.collective] += step.collective_calls;
+        }
+        CommDebugMode comm;
+        const DistTensor result = source.redistribute(to);
+        for (const char* kind : {"all_gather", "all_reduce", "reduce_scatter", "all_to_all", "send"}) {
+          EXPECT_EQ(comm.count(kind), promised[kind])
+              << kind << " for " << placements_to_string(from) << ", n " << n << "\n"
+              << plan.to_string() << comm.to_string();
+        }
+        EXPECT_TRUE(allclose(result.full_tensor(), full, 0, 0));
+      }
+    }
   });
 }
 
