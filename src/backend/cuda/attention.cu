@@ -279,19 +279,17 @@ __global__ void __launch_bounds__(tiles::kThreads)
 #endif
 }
 
+// grad_q (kKeys false: blocks of queries) or grad_k/grad_v (blocks of keys).
+template <bool kKeys>
 __global__ void __launch_bounds__(tiles::kThreads)
-    tiled_grad_q_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
+    tiled_grad_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   DeviceExec ex;
-  tiles::grad_q_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
-#endif
-}
-
-__global__ void __launch_bounds__(tiles::kThreads)
-    tiled_grad_kv_kernel(AttentionShape s, AttentionGradRows r, tiles::GradOperands x) {
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  DeviceExec ex;
-  tiles::grad_kv_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+  if constexpr (kKeys) {
+    tiles::grad_kv_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+  } else {
+    tiles::grad_q_block<DeviceExec, DeviceMma>(ex, s, r, x, blockIdx.x, blockIdx.y, tile_memory());
+  }
 #endif
 }
 
@@ -399,10 +397,10 @@ void launch_attention_backward(const AttentionShape& s, const AttentionGradRows&
                                 static_cast<uint16_t*>(grad_q),
                                 static_cast<uint16_t*>(grad_k),
                                 static_cast<uint16_t*>(grad_v)};
-    launch_tiled(tiled_grad_q_kernel, s.queries, tiles::GradQLayout(s).bytes, s, st, "tiled attention grad_q launch",
-                 rows, x);
+    launch_tiled(tiled_grad_kernel<false>, s.queries, tiles::GradQLayout(s).bytes, s, st,
+                 "tiled attention grad_q launch", rows, x);
     // Same stream: it runs after the grad_q kernel has written delta.
-    launch_tiled(tiled_grad_kv_kernel, s.keys, tiles::GradKVLayout(s).bytes, s, st, "tiled attention grad_kv launch",
+    launch_tiled(tiled_grad_kernel<true>, s.keys, tiles::GradKVLayout(s).bytes, s, st, "tiled attention grad_kv launch",
                  rows, x);
     return;
   }
