@@ -17,9 +17,8 @@ using LocalFn = std::function<Tensor(const std::vector<Tensor>& locals)>;
 // Runs an op described by an einsum spec: choose (cached) strategy, redistribute,
 // run `local` on the local tensors, wrap with the output placements and `out_shape`.
 // No autograd: callers record their own backward.
-DistTensor run_einsum(const char* op, const std::vector<int64_t>& attributes,
-                      const std::vector<DistTensor>& inputs, const dispatch::EinsumSpec& spec,
-                      const Shape& out_shape, const LocalFn& local);
+DistTensor run_einsum(const char* op, const std::vector<int64_t>& attributes, const std::vector<DistTensor>& inputs,
+                      const dispatch::EinsumSpec& spec, const Shape& out_shape, const LocalFn& local);
 
 // The same with the spec built only on a strategy-cache miss (hot ops: a hit then
 // builds no strings).
@@ -38,9 +37,8 @@ DistTensor run_einsum_lazy(const char* op, const std::vector<int64_t>& attribute
 
 // A pointwise op over broadcast inputs (NumPy alignment): the output has the
 // broadcast shape and the letters "abc..." of its dims.
-DistTensor run_pointwise(const char* op, const std::vector<int64_t>& attributes,
-                         const std::vector<DistTensor>& inputs, dispatch::PartialRule partial,
-                         std::vector<bool> partial_inputs, const LocalFn& local);
+DistTensor run_pointwise(const char* op, const std::vector<int64_t>& attributes, const std::vector<DistTensor>& inputs,
+                         dispatch::PartialRule partial, std::vector<bool> partial_inputs, const LocalFn& local);
 
 // The gradient `grad` of a broadcast result summed back to `shape` (the inverse of
 // broadcasting: leading dims and stretched size-1 dims are summed).

@@ -47,8 +47,7 @@ Grads binary_backward(BinaryOp op, const DistTensor& g, const DistTensor& a, con
     case BinaryOp::Add: return {sum_to(g, a.shape()), sum_to(g, b.shape())};
     case BinaryOp::Sub: return {sum_to(g, a.shape()), sum_to(neg(g), b.shape())};
     case BinaryOp::Mul: return {sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
-    case BinaryOp::Div:
-      return {sum_to(div(g, b), a.shape()), sum_to(neg(div(mul(g, a), mul(b, b))), b.shape())};
+    case BinaryOp::Div: return {sum_to(div(g, b), a.shape()), sum_to(neg(div(mul(g, a), mul(b, b))), b.shape())};
     case BinaryOp::Pow:
       return {sum_to(mul(g, mul(b, pow(a, sub(b, 1.0)))), a.shape()),
               sum_to(mul(g, mul(pow(a, b), log(a))), b.shape())};

@@ -6,8 +6,8 @@
 #include "util/check.h"
 
 #include <algorithm>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <queue>
 #include <sstream>
@@ -27,12 +27,11 @@ struct Node {
   PlannedStep step;    // how we got here
 };
 
-std::string cache_key(const Placements& from, const Placements& to, const Shape& shape,
-                      const DeviceMesh& mesh, DType dtype) {
+std::string cache_key(const Placements& from, const Placements& to, const Shape& shape, const DeviceMesh& mesh,
+                      DType dtype) {
   std::ostringstream key;
-  key << placements_to_string(from) << '>' << placements_to_string(to) << '|'
-      << shape_to_string(shape) << '|' << shape_to_string(mesh.shape()) << '|'
-      << dtype_size(dtype) << '|' << mesh.world().backend();
+  key << placements_to_string(from) << '>' << placements_to_string(to) << '|' << shape_to_string(shape) << '|'
+      << shape_to_string(mesh.shape()) << '|' << dtype_size(dtype) << '|' << mesh.world().backend();
   return key.str();
 }
 
@@ -88,16 +87,16 @@ std::shared_ptr<const Plan> search(const Placements& from, const Placements& to,
         const std::string next_key = layout_key(move.after, mesh_shape, ndim);
         auto it = best.find(next_key);
         if (it != best.end() && it->second.cost <= next_cost) continue;
-        best[next_key] = Node{next_cost, move.after, key,
-                              PlannedStep{move.kind, move.mesh_dim, here, move.after, seconds}};
+        best[next_key] =
+            Node{next_cost, move.after, key, PlannedStep{move.kind, move.mesh_dim, here, move.after, seconds}};
         frontier.push({next_cost, next_key});
       }
     }
     DT_CHECK_SUPPORTED(best.size() < kMaxStates, "redistribute", "the planner explored ", best.size(),
                        " layouts without reaching ", placements_to_string(to));
   }
-  DT_CHECK_SUPPORTED(best.count(goal), "redistribute", "no path from ", placements_to_string(from),
-                     " to ", placements_to_string(to));
+  DT_CHECK_SUPPORTED(best.count(goal), "redistribute", "no path from ", placements_to_string(from), " to ",
+                     placements_to_string(to));
 
   auto plan = std::make_shared<Plan>();
   for (std::string key = goal; key != start_key; key = best[key].parent) {

@@ -44,8 +44,7 @@ std::vector<Placements> all_layouts(int64_t mesh_ndim, int64_t tensor_ndim) {
 }
 
 // Redistributes source -> target and checks values, local shape and comm counters.
-void check_pair(const Tensor& full, const DeviceMesh& mesh, const Placements& from,
-                const Placements& to) {
+void check_pair(const Tensor& full, const DeviceMesh& mesh, const Placements& from, const Placements& to) {
   const DistTensor source = dtensor::testing::make_input(full, mesh, from);
   const RedistributePlan plan = explain_redistribute(from, to, full.shape(), mesh, full.dtype());
   DistTensor result;
@@ -63,15 +62,16 @@ void check_pair(const Tensor& full, const DeviceMesh& mesh, const Placements& fr
       ASSERT_EQ(comm.bytes(kind), bytes[kind]) << kind << " for " << plan.to_string();
     }
   }
-  const Shape expected_local = local_shape(full.shape(), mesh.shape(), validate_placements(to, mesh.ndim(), full.dim(), "test"), mesh.coordinate());
+  const Shape expected_local = local_shape(full.shape(), mesh.shape(),
+                                           validate_placements(to, mesh.ndim(), full.dim(), "test"), mesh.coordinate());
   ASSERT_EQ(result.to_local().shape(), expected_local) << plan.to_string();
   ASSERT_EQ(placements_to_string(result.placements()),
             placements_to_string(validate_placements(to, mesh.ndim(), full.dim(), "test")));
   const Tensor back = result.full_tensor();
   ASSERT_TRUE(allclose(back, full, 1e-5, 1e-5))
-      << placements_to_string(from) << " -> " << placements_to_string(to) << " on "
-      << mesh.to_string() << " shape " << shape_to_string(full.shape()) << ": "
-      << compare(back, full, 1e-5, 1e-5).to_string() << "\n" << plan.to_string();
+      << placements_to_string(from) << " -> " << placements_to_string(to) << " on " << mesh.to_string() << " shape "
+      << shape_to_string(full.shape()) << ": " << compare(back, full, 1e-5, 1e-5).to_string() << "\n"
+      << plan.to_string();
 }
 
 std::vector<Shape> shapes_for(int64_t ndim, int64_t mesh_size) {
@@ -90,7 +90,8 @@ void exhaustive(int world, const Shape& mesh_shape, int64_t max_pairs_per_shape)
         const Tensor full = Tensor::randn(shape, 11);
         const int64_t pairs = static_cast<int64_t>(layouts.size() * layouts.size());
         for (int64_t k = 0; k < std::min(pairs, max_pairs_per_shape); ++k) {
-          const int64_t index = pairs <= max_pairs_per_shape ? k : std::uniform_int_distribution<int64_t>(0, pairs - 1)(rng);
+          const int64_t index =
+              pairs <= max_pairs_per_shape ? k : std::uniform_int_distribution<int64_t>(0, pairs - 1)(rng);
           check_pair(full, mesh, layouts[index / layouts.size()], layouts[index % layouts.size()]);
         }
       }
@@ -132,8 +133,8 @@ TEST(Redistribute, SwappingTwoShardedDimsNeverGathersTheWholeTensor) {
     const RedistributePlan naive = explain_redistribute({Shard(0), Shard(1)}, {Replicate(), Replicate()}, shape, mesh);
     EXPECT_LT(planned.bytes_sent(), naive.bytes_sent()) << planned.to_string() << naive.to_string();
     for (const RedistributeStep& step : planned.steps) {
-      const bool all_replicated = std::all_of(step.after.begin(), step.after.end(),
-                                              [](const Placement& p) { return p.is_replicate(); });
+      const bool all_replicated =
+          std::all_of(step.after.begin(), step.after.end(), [](const Placement& p) { return p.is_replicate(); });
       EXPECT_FALSE(all_replicated) << planned.to_string();
     }
     const Tensor full = Tensor::randn(shape, 3);
@@ -278,7 +279,8 @@ TEST(Redistribute, BadInputsThrow) {
     DistTensor d = distribute(Tensor::randn({4, 4}, 1), mesh, {Shard(0), Replicate()});
     EXPECT_THROW_MSG(d.redistribute({Replicate()}), std::invalid_argument, "[redistribute]");
     EXPECT_THROW_MSG(d.redistribute({Shard(2), Replicate()}), std::invalid_argument, "[redistribute]");
-    EXPECT_THROW_MSG(d.redistribute({Partial(ReduceOp::Max), Partial(ReduceOp::Sum)}), std::invalid_argument, "[redistribute]");
+    EXPECT_THROW_MSG(d.redistribute({Partial(ReduceOp::Max), Partial(ReduceOp::Sum)}), std::invalid_argument,
+                     "[redistribute]");
     DeviceMesh other(g, {4});
     EXPECT_THROW_MSG(d.redistribute(other, {Replicate(), Replicate()}), std::invalid_argument,
                      "[redistribute] expected 1 placements");

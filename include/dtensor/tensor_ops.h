@@ -16,11 +16,35 @@ namespace dtensor {
 
 // ---- pointwise -------------------------------------------------------------------
 enum class UnaryOp : uint8_t {
-  Neg, Abs, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluTanh, GeluErf, Silu, Square, Reciprocal,
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Sqrt,
+  Rsqrt,
+  Tanh,
+  Sigmoid,
+  Relu,
+  GeluTanh,
+  GeluErf,
+  Silu,
+  Square,
+  Reciprocal,
 };
 enum class BinaryOp : uint8_t {
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum,
-  Eq, Ne, Lt, Le, Gt, Ge,  // comparisons give Bool
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Maximum,
+  Minimum,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,  // comparisons give Bool
 };
 const char* op_name(UnaryOp op);
 const char* op_name(BinaryOp op);
@@ -86,8 +110,7 @@ Tensor mean(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim
 Tensor amax(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor amin(const Tensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 // Variance with `correction` (0: population, 1: Bessel, as torch.var).
-Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1,
-           bool keepdim = false);
+Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
 // Index (I64) of the first maximum along one dim.
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
 
@@ -120,19 +143,17 @@ struct NormResult {
   Tensor mean;  // layer_norm only; shape = leading dims
   Tensor rstd;  // 1/sqrt(var + eps) (layer_norm) or 1/rms (rms_norm); shape = leading dims
 };
-NormResult layer_norm(const Tensor& x, const Shape& normalized_shape,
-                      const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
-                      double eps = 1e-5);
-NormResult rms_norm(const Tensor& x, const Shape& normalized_shape,
-                    const std::optional<Tensor>& weight, double eps = 1e-6);
+NormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight,
+                      const std::optional<Tensor>& bias, double eps = 1e-5);
+NormResult rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight,
+                    double eps = 1e-6);
 struct NormGrads {
   Tensor grad_input;
   Tensor grad_weight;  // undefined when there was no weight
   Tensor grad_bias;    // undefined when there was no bias
 };
 NormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const NormResult& saved,
-                              const Shape& normalized_shape, const std::optional<Tensor>& weight,
-                              bool has_bias);
+                              const Shape& normalized_shape, const std::optional<Tensor>& weight, bool has_bias);
 NormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const NormResult& saved,
                             const Shape& normalized_shape, const std::optional<Tensor>& weight);
 
@@ -168,17 +189,15 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
 // unless `masked`: then they give zero rows (the vocab-parallel lookup).
 Tensor embedding(const Tensor& table, const Tensor& ids, bool masked = false);
 // Scatter-add of grad_out [..., D] into a [num_rows, D] gradient; masked ids are skipped.
-Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t num_rows,
-                          bool masked = false);
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& ids, int64_t num_rows, bool masked = false);
 
 // Mean (or sum) negative log-likelihood of integer targets under softmax(logits).
 // logits [N, C], targets [N] (I64/I32); targets equal to ignore_index do not count.
 enum class LossReduction : uint8_t { Mean, Sum, None };
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
-                     LossReduction reduction = LossReduction::Mean, int64_t ignore_index = -100);
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, LossReduction reduction = LossReduction::Mean,
+                     int64_t ignore_index = -100);
 // dL/dlogits for a scalar upstream gradient (Mean/Sum) or [N] gradient (None).
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
-                              LossReduction reduction = LossReduction::Mean,
-                              int64_t ignore_index = -100);
+                              LossReduction reduction = LossReduction::Mean, int64_t ignore_index = -100);
 
 }  // namespace dtensor

@@ -79,7 +79,8 @@ MLP::MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, Activation activat
   if (activation == Activation::SwiGlu) {
     gate_ = register_module("gate", std::make_shared<Linear>(mesh, dim, hidden, bias, derive_seed(seed, 1)));
   }
-  down_ = register_module("down", std::make_shared<Linear>(mesh, hidden, dim, bias, derive_seed(seed, 2), out_init_std));
+  down_ =
+      register_module("down", std::make_shared<Linear>(mesh, hidden, dim, bias, derive_seed(seed, 2), out_init_std));
 }
 
 DistTensor MLP::forward(const DistTensor& x) {
@@ -117,11 +118,11 @@ TransformerBlock::TransformerBlock(const DeviceMesh& mesh, const BlockConfig& c,
                       : std::shared_ptr<Module>(std::make_shared<LayerNorm>(mesh, c.dim, 1e-5, c.bias));
   };
   norm1_ = register_module("norm1", norm());
-  attn_ = register_module("attn", std::make_shared<SelfAttention>(mesh, c.dim, c.heads, c.bias, c.dropout,
-                                                                 derive_seed(seed, 0), out_std));
+  attn_ = register_module(
+      "attn", std::make_shared<SelfAttention>(mesh, c.dim, c.heads, c.bias, c.dropout, derive_seed(seed, 0), out_std));
   norm2_ = register_module("norm2", norm());
-  mlp_ = register_module("mlp", std::make_shared<MLP>(mesh, c.dim, c.mlp_hidden, c.activation, c.bias,
-                                                      derive_seed(seed, 1), out_std));
+  mlp_ = register_module(
+      "mlp", std::make_shared<MLP>(mesh, c.dim, c.mlp_hidden, c.activation, c.bias, derive_seed(seed, 1), out_std));
   residual_dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout, derive_seed(seed, 2)));
 }
 
