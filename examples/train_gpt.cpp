@@ -9,6 +9,8 @@
 //   ./build/examples/train_gpt --mesh replicate=2,dp=2 --fsdp 3 --hsdp
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
 //   ./build/examples/train_gpt --mesh pp=2 --save gpt.dtstate && ./build/examples/generate --load gpt.dtstate
+//   ./build/examples/train_gpt --mesh dp=2 --steps 12 --save-dir ckpt --save-every 6
+//   ./build/examples/train_gpt --mesh dp=4 --steps 12 --resume ckpt      # steps 7-12, on another mesh
 //
 // Every flag can also come from a JSON file (--config) with the same keys; flags
 // given on the command line win. Run with --help for the list. The keys, their
@@ -19,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,6 +62,8 @@ struct Settings {
   int64_t pp = 1;  // pipeline ranks; with a pp dim the micro-batches come from the schedule
   std::optional<parallel::Schedule> schedule;  // with a pp dim
   std::string timeline, save;
+  std::string save_dir, resume;  // checkpoints of the whole training state
+  int64_t save_every = 0, keep = 0;
   int64_t fsdp = 0;
   bool hsdp = false;
   bool sequence_parallel = false, loss_parallel = true;
@@ -199,6 +204,17 @@ Settings read_settings(const TrainConfig& o) {
   s.trace_count = whole(steps.substr(colon + 1));
   s.out = o.out;
   s.save = o.save;
+  s.save_dir = o.save_dir;
+  s.save_every = o.save_every;
+  s.keep = o.keep;
+  s.resume = o.resume;
+  if (s.save_every < 0 || s.keep < 0) {
+    throw std::invalid_argument("--save-every and --keep: expected 0 or more, got " + std::to_string(s.save_every) +
+                                " and " + std::to_string(s.keep));
+  }
+  if (s.save_dir.empty() && (s.save_every > 0 || s.keep > 0)) {
+    throw std::invalid_argument("--save-every and --keep are for checkpoints: give --save-dir");
+  }
   s.log = o.log;
   return s;
 }
@@ -309,6 +325,16 @@ std::map<std::string, Tensor> gather_pipeline_state(const parallel::PipelineMesh
   return merged;
 }
 
+// The checkpoint --resume names: a checkpoint directory itself, or the newest under a
+// root of them; empty when there is none yet (a first run, or a restart loop's first try).
+std::string checkpoint_to_resume(const std::string& resume) {
+  if (resume.empty()) return "";
+  if (std::ifstream(resume + "/manifest.json").good()) return resume;
+  const checkpoint::CheckpointDir series(resume);
+  const std::optional<int64_t> latest = series.latest();
+  return latest ? series.path_of(*latest) : "";
+}
+
 // One rank's training loop: the model (whole, or this rank's pipeline stages), its
 // tensor and data parallelism, AdamW, the log on rank 0.
 void train(Group world, const Settings& s, const TokenDataset& data) {
@@ -410,7 +436,27 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
                                     .tokens_per_step = s.batch * config.block_size};
   if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
   parallel::Trainer trainer(optimizer, training);
-  for (int64_t step = 0; step < s.steps; ++step) {
+  // The whole training state (checkpoint.h): parameters and optimizer state by name,
+  // the loss scale, the data position; saved under --save-dir, resumed on any mesh.
+  checkpoint::TrainState state{.optimizer = &optimizer, .scaler = trainer.scaler(), .sampler = &sampler};
+  if (model) {
+    state.modules.push_back(model.get());
+  } else {
+    for (const auto& stage : gpt->stages()) state.modules.push_back(stage.get());
+  }
+  const std::string resume_from = checkpoint_to_resume(s.resume);
+  if (!resume_from.empty()) {
+    checkpoint::load(resume_from, state, world);
+    if (leader) {
+      std::printf("resumed from %s: %lld of %lld steps done\n", resume_from.c_str(), static_cast<long long>(state.step),
+                  static_cast<long long>(s.steps));
+    }
+  } else if (leader && !s.resume.empty()) {
+    std::printf("no checkpoint under %s yet: starting from step 1\n", s.resume.c_str());
+  }
+  std::optional<checkpoint::CheckpointDir> checkpoints;
+  if (!s.save_dir.empty()) checkpoints.emplace(s.save_dir, static_cast<int>(s.keep));
+  for (int64_t step = state.step; step < s.steps; ++step) {
     const parallel::StepReport report =
         pipe ? trainer.step(step, *pipe) : trainer.step(step, [&](int64_t micro) {
           const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
@@ -419,6 +465,12 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
           return model->loss(ids, targets);
         });
     if (log) log->step(report.stats);
+    const int64_t done = step + 1;
+    if (checkpoints && ((s.save_every > 0 && done % s.save_every == 0) || done == s.steps)) {
+      state.step = done;
+      const std::string path = checkpoints->save(done, checkpoint::train_state_dict(state), world);
+      if (log) log->note("checkpoint: " + path);
+    }
   }
   std::optional<parallel::Timeline> timeline;
   if (pipe) timeline = pipe->gather_timeline(pipe->schedule().name + " on " + mesh.to_string() + ", last step, measured");

@@ -66,6 +66,13 @@ const std::vector<TrainKey>& train_keys() {
       {"trace", &C::trace, "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", &C::trace_steps, "FIRST:COUNT of the steps to trace"},
       {"save", &C::save, "write the trained parameters to this file (read by examples/generate)"},
+      {"save-dir", &C::save_dir,
+       "write checkpoints of the whole training state under this directory (step-00000006, ...; see --save-every)"},
+      {"save-every", &C::save_every, "with --save-dir: a checkpoint every N steps (0: only after the last step)"},
+      {"keep", &C::keep, "with --save-dir: keep only the newest N checkpoints (0: all)"},
+      {"resume", &C::resume,
+       "continue from the newest checkpoint under this directory (or from this checkpoint directory), on any --mesh; "
+       "starts from step 1 when there is none yet"},
       {"out", &C::out, "loss curve CSV (an SVG chart is written beside it)"},
       {"log", &C::log, "auto (redraw on a terminal), plain (a line per step) or quiet", {"auto", "plain", "quiet"}},
   };

@@ -57,6 +57,10 @@ struct TrainConfig {
   std::string trace;
   std::string trace_steps = "2:2";
   std::string save;
+  std::string save_dir;
+  int64_t save_every = 0;
+  int64_t keep = 0;
+  std::string resume;
   std::string out = "train_gpt_loss.csv";
   std::string log = "auto";
 };

@@ -65,6 +65,13 @@ void TrainLog::step(const StepStats& stats) {
   std::fflush(out_);
 }
 
+void TrainLog::note(const std::string& text) {
+  if (line_open_) std::fputc('\n', out_);
+  line_open_ = false;
+  std::fprintf(out_, "%s\n", text.c_str());
+  std::fflush(out_);
+}
+
 std::string TrainLog::summary() const {
   if (history_.empty()) return "no steps were run";
   double seconds = 0;

@@ -28,6 +28,9 @@ class TrainLog {
   explicit TrainLog(int64_t total_steps, Mode mode = Mode::Auto, std::FILE* out = stdout);
 
   void step(const StepStats& stats);
+  // A line of its own between progress lines (a checkpoint written, ...); on a
+  // terminal the redrawn progress line is kept above it.
+  void note(const std::string& text);
   // Prints the summary (after a newline that ends a redrawn line) and returns it.
   std::string finish();
 

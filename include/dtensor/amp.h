@@ -26,6 +26,13 @@ struct LossScalerOptions {
   double min_scale = 1.0;
 };
 
+// What a checkpoint keeps of a LossScaler.
+struct LossScalerState {
+  double scale = 0;
+  int64_t clean_steps = 0;  // finite steps since the last growth or backoff
+  int64_t skipped_steps = 0;
+};
+
 class LossScaler {
  public:
   explicit LossScaler(LossScalerOptions options = {}) : options_(options), scale_(options.initial_scale) {}
@@ -40,6 +47,10 @@ class LossScaler {
 
   double scale_value() const { return scale_; }
   int64_t skipped_steps() const { return skipped_; }
+  LossScalerState state() const { return {scale_, clean_steps_, skipped_}; }
+  // Throws std::invalid_argument for a scale that is not finite and positive or
+  // negative counts.
+  void load_state(const LossScalerState& state);
 
  private:
   LossScalerOptions options_;

@@ -42,6 +42,10 @@ class DistributedSampler {
   int64_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
   int64_t local_batch() const { return global_batch_ / dp_size_; }   // per rank per step
   int64_t micro_batch_size() const { return local_batch() / grad_accum_; }
+  int64_t dataset_size() const { return dataset_size_; }
+  int64_t global_batch() const { return global_batch_; }
+  uint64_t seed() const { return seed_; }
+  bool shuffle() const { return shuffle_; }
 
   // This rank's samples of step `step` of the current epoch, step in [0, steps_per_epoch).
   std::vector<int64_t> batch(int64_t step) const;

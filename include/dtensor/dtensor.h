@@ -4,6 +4,7 @@
 #include "dtensor/allocator.h"
 #include "dtensor/amp.h"
 #include "dtensor/autograd.h"
+#include "dtensor/checkpoint.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/cost_model.h"
 #include "dtensor/cpu.h"

@@ -66,6 +66,15 @@ RMSNorm::RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps) : dim_(dim), e
 
 DistTensor RMSNorm::forward(const DistTensor& x) { return rms_norm(x, {dim_}, for_compute(*weight_), eps_); }
 
+std::map<std::string, int64_t> Dropout::extra_state() const { return {{"calls", static_cast<int64_t>(calls_)}}; }
+
+void Dropout::load_extra_state(const std::map<std::string, int64_t>& state) {
+  const auto it = state.find("calls");
+  DT_CHECK_ARG(it != state.end() && state.size() == 1 && it->second >= 0, "Dropout::load_extra_state",
+               "expected {\"calls\": n >= 0}");
+  calls_ = static_cast<uint64_t>(it->second);
+}
+
 DistTensor Dropout::forward(const DistTensor& x) {
   if (!training() || p_ == 0) return x;
   return dropout(x, p_, derive_seed(seed_, calls_++), true);

@@ -186,6 +186,47 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool st
       DT_CHECK_ARG(seen.count(name), "load_state_dict", "unexpected parameter '", name, "'");
     }
   }
+  notify_state_loaded();
+}
+
+void Module::load_extra_state(const std::map<std::string, int64_t>& state) {
+  DT_CHECK_ARG(state.empty(), "load_extra_state", "this module keeps no extra state, got '", state.begin()->first, "'");
+}
+
+std::map<std::string, int64_t> Module::named_extra_state() {
+  std::map<std::string, int64_t> out;
+  for (const auto& [path, m] : named_modules()) {
+    for (const auto& [name, value] : m->extra_state()) out[path.empty() ? name : path + "." + name] = value;
+  }
+  return out;
+}
+
+void Module::load_named_extra_state(const std::map<std::string, int64_t>& state) {
+  std::map<std::string, int64_t> left = state;
+  for (const auto& [path, m] : named_modules()) {
+    std::map<std::string, int64_t> own;
+    for (const auto& [name, _] : m->extra_state()) {
+      const std::string full = path.empty() ? name : path + "." + name;
+      const auto it = left.find(full);
+      DT_CHECK_ARG(it != left.end(), "load_extra_state", "missing extra state '", full, "'");
+      own[name] = it->second;
+      left.erase(it);
+    }
+    if (!own.empty()) m->load_extra_state(own);
+  }
+  DT_CHECK_ARG(left.empty(), "load_extra_state", "unexpected extra state '", left.begin()->first, "'");
+}
+
+HookHandle Module::register_state_loaded_hook(std::function<void(Module&)> hook) {
+  loaded_hooks_->emplace_back(next_hook_id_, std::move(hook));
+  return HookHandle(remover(loaded_hooks_, next_hook_id_++));
+}
+
+void Module::notify_state_loaded() {
+  for (const auto& [_, m] : named_modules()) {
+    const auto hooks = *m->loaded_hooks_;
+    for (const auto& [id, hook] : hooks) hook(*m);
+  }
 }
 
 uint64_t derive_seed(uint64_t seed, uint64_t index) {

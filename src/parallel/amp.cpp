@@ -4,6 +4,7 @@
 
 #include "dtensor/amp.h"
 #include "dtensor/ops.h"
+#include "util/check.h"
 
 namespace dtensor {
 
@@ -29,6 +30,16 @@ bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params, const 
     found_inf_ = flag.item<float>() > 0;
   }
   return !found_inf_;
+}
+
+void LossScaler::load_state(const LossScalerState& state) {
+  DT_CHECK_ARG(std::isfinite(state.scale) && state.scale > 0 && state.clean_steps >= 0 && state.skipped_steps >= 0,
+               "LossScaler::load_state", "expected a finite scale > 0 and counts >= 0, got scale ", state.scale,
+               ", clean_steps ", state.clean_steps, ", skipped_steps ", state.skipped_steps);
+  scale_ = state.scale;
+  clean_steps_ = state.clean_steps;
+  skipped_ = state.skipped_steps;
+  found_inf_ = false;
 }
 
 void LossScaler::update() {

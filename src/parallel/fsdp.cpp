@@ -227,6 +227,12 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
   g.hooks.push_back(module.register_forward_pre_hook([group](nn::Module&, const DistTensor&) { detail::pre_forward(group); }));
   g.hooks.push_back(module.register_forward_post_hook(
       [group](nn::Module&, const DistTensor&, const DistTensor& out) { return detail::post_forward(group, out); }));
+  // Parameters written in place from outside (a checkpoint load, Module::load_state_dict):
+  // the gathered copies are stale, every group of the tree gathers again before its
+  // next forward.
+  g.hooks.push_back(module.register_state_loaded_hook([weak = std::weak_ptr<ParamGroup>(group)](nn::Module&) {
+    if (const std::shared_ptr<ParamGroup> locked = weak.lock()) detail::mark_shards_changed(*locked);
+  }));
   registry[&module] = group;
   return FSDPModule(group);
 }
@@ -328,11 +334,7 @@ void FSDPModule::load_state_dict(const std::map<std::string, DistTensor>& state)
   for (const auto& [name, _] : state) {
     DT_CHECK_ARG(seen.count(name), "FSDPModule::load_state_dict", "unexpected parameter '", name, "'");
   }
-  for_subtree(g, [](ParamGroup& member) {
-    member.reshard();
-    member.state = ParamGroup::State::Sharded;
-    for (ParamGroup::Bucket& b : member.buckets) b.send_stale = true;
-  });
+  detail::mark_shards_changed(g);
 }
 
 }  // namespace dtensor::parallel

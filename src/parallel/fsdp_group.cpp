@@ -237,6 +237,16 @@ void pre_backward(const std::shared_ptr<ParamGroup>& gp) {
   }
 }
 
+void mark_shards_changed(ParamGroup& group) {
+  for (const std::weak_ptr<ParamGroup>& weak : group.subtree) {
+    if (const std::shared_ptr<ParamGroup> member = weak.lock()) {
+      member->reshard();
+      member->state = ParamGroup::State::Sharded;
+      for (ParamGroup::Bucket& b : member->buckets) b.send_stale = true;
+    }
+  }
+}
+
 void pre_forward(const std::shared_ptr<ParamGroup>& gp) {
   ParamGroup& g = *gp;
   Context& ctx = *g.context;

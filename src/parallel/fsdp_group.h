@@ -123,6 +123,9 @@ void pre_forward(const std::shared_ptr<ParamGroup>& group);
 std::optional<DistTensor> post_forward(const std::shared_ptr<ParamGroup>& group, const DistTensor& output);
 // Moves every reduction in flight one phase on, or with `all` to completion.
 void progress_reductions(Context& ctx, bool all);
+// The shards of `group` and of the groups under it were written from outside the
+// optimizer: each is resharded and gathers afresh before its next forward.
+void mark_shards_changed(ParamGroup& group);
 
 }  // namespace detail
 }  // namespace dtensor::parallel

@@ -96,6 +96,9 @@ class Dropout : public Module {
   // recomputation draws the same masks.
   uint64_t calls() const { return calls_; }
   void set_calls(uint64_t calls) { calls_ = calls; }
+  // {"calls": calls()}: a resumed run draws the masks the uninterrupted one would.
+  std::map<std::string, int64_t> extra_state() const override;
+  void load_extra_state(const std::map<std::string, int64_t>& state) override;
 
  private:
   double p_;

@@ -69,8 +69,26 @@ class Module {
   // Full tensors by name (collective: gathers sharded parameters).
   std::map<std::string, Tensor> state_dict() const;
   // Copies full tensors into the parameters, keeping their layouts. With strict,
-  // missing and unexpected names and shape mismatches are errors naming them.
+  // missing and unexpected names and shape mismatches are errors naming them. Then
+  // notify_state_loaded().
   void load_state_dict(const std::map<std::string, Tensor>& state, bool strict = true);
+
+  // Numbers a module keeps beside its parameters that a resumed run needs to continue
+  // exactly (Dropout: how many masks it has drawn), by name relative to the module.
+  virtual std::map<std::string, int64_t> extra_state() const { return {}; }
+  // Restores what extra_state() returned; names it does not know are errors.
+  virtual void load_extra_state(const std::map<std::string, int64_t>& state);
+  // Every module's extra_state as "<module path>.<name>" ("blocks.0.attn.dropout.calls"),
+  // and loading it back (each module receives its own names; unknown ones are errors).
+  std::map<std::string, int64_t> named_extra_state();
+  void load_named_extra_state(const std::map<std::string, int64_t>& state);
+
+  // Hooks run after the parameters were written in place from outside the optimizer
+  // (load_state_dict, a checkpoint load), so that a wrapper keeping copies derived from
+  // them (FSDP's gathered parameters) refreshes those. notify_state_loaded() runs the
+  // hooks of this module and of every sub-module (local, no communication).
+  HookHandle register_state_loaded_hook(std::function<void(Module&)> hook);
+  void notify_state_loaded();
 
   // Forward hooks run in registration order around forward(). A pre-hook sees the
   // input and may replace it; a post-hook sees the input forward got and the
@@ -141,6 +159,8 @@ class Module {
   // Shared so that a HookHandle can outlive the module.
   std::shared_ptr<HookList<PreHook>> pre_hooks_ = std::make_shared<HookList<PreHook>>();
   std::shared_ptr<HookList<PostHook>> post_hooks_ = std::make_shared<HookList<PostHook>>();
+  std::shared_ptr<HookList<std::function<void(Module&)>>> loaded_hooks_ =
+      std::make_shared<HookList<std::function<void(Module&)>>>();
   uint64_t next_hook_id_ = 0;
   bool training_ = true;
 };

@@ -150,9 +150,9 @@ class FSDPModule : public GradientSync {
 
   // The module's parameters by name (see StateDictOptions), and loading them back:
   // any layout is accepted and moved to the parameter's; the gathered copies are
-  // refreshed before the next forward. (nn::Module::load_state_dict writes the shards
-  // too, but stages 1 and 2 would then keep computing with their old gathered copies
-  // until the next optimizer step: load through this one.)
+  // refreshed before the next forward. Writing the shards any other way (through
+  // nn::Module::load_state_dict, a checkpoint load) refreshes them too: fully_shard
+  // registers a state-loaded hook (nn::Module::notify_state_loaded) on the module.
   std::map<std::string, DistTensor> state_dict(StateDictOptions options = {}) const;
   void load_state_dict(const std::map<std::string, DistTensor>& state);
 

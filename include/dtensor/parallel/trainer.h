@@ -123,6 +123,7 @@ class Trainer {
   const TrainerOptions& options() const { return options_; }
   // The loss scaler when loss scaling is on.
   const LossScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  LossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
 
  private:
   // The step after its micro-batches: synchronisation, overflow check, clipping,

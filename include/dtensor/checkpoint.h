@@ -1,0 +1,185 @@
+// Distributed checkpoints: the state of a training run saved by every rank in
+// parallel, each writing only the shards it owns, and loaded onto any mesh,
+// placements and world size, each rank reading only the byte ranges it needs.
+//
+//   checkpoint::StateDict state{{"model.w", w}, {"step", int64_t{6}}};
+//   checkpoint::save("ckpt/step-00000006", state, world);        // collective over world
+//   ...                                                           // later, any mesh:
+//   checkpoint::StateDict into{{"model.w", w2}, {"step", int64_t{0}}};
+//   checkpoint::load("ckpt/step-00000006", into, world);          // w2's pieces filled, step 6
+//
+// A checkpoint is a directory:
+//   manifest.json             every entry: its kind, dtype, global shape, the mesh and
+//                             placements it was saved with, and for each chunk its box
+//                             (offsets and sizes), file, byte offset and XXH64 checksums
+//                             of its 1 MiB blocks; numbers and strings are stored here
+//   rank-00000.safetensors    the chunks rank 0 wrote: a valid safetensors file (any
+//   rank-00003.safetensors    safetensors reader opens it; tensor names are the entries')
+//
+// Saving: a DistTensor entry is written as its distinct blocks, each once, by the
+// holder whose coordinate is 0 on every mesh dim that does not shard it; nothing is
+// gathered. Partial dims are reduced first (one all-reduce of that entry; save is
+// collective anyway). A plain Tensor entry is one whole tensor, written by the lowest
+// rank that gives it. Ranks may give different entries (pipeline stages give their own
+// layers); an entry given by several ranks must agree on its kind, dtype and shape (and
+// numbers and strings on their values); a DistTensor given on two meshes (a tied weight
+// on the first and the last pipeline stage) is written from the mesh with the lowest
+// rank. Everything is written into "<dir>.tmp", every file and the directory are
+// fsynced, and only then is it renamed to <dir>: a crash at any point leaves any earlier
+// checkpoint as it was and never a directory that looks complete and is not.
+//
+// Loading: each target says where its values go. A DistTensor target is filled in place
+// (its local tensor is overwritten; any mesh, any placements, any device); a Tensor
+// target receives the whole tensor; numbers and strings are replaced by the saved
+// values. A rank opens only the files holding chunks that intersect what it needs and
+// reads only those byte ranges (widened to whole checksum blocks, whose checksums are
+// verified). Everything is read and verified before anything is written, and the ranks
+// agree on the outcome: a missing entry, another shape or dtype, a truncated or
+// corrupted file fails on every rank with the entry and the file named, and no target
+// is changed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "dtensor/dist_tensor.h"
+
+namespace dtensor {
+class Optimizer;
+class LossScaler;
+class DistributedSampler;
+namespace nn {
+class Module;
+}
+}  // namespace dtensor
+
+namespace dtensor::checkpoint {
+
+// One entry of a state: a distributed tensor, a whole tensor, a number or a string.
+using Value = std::variant<DistTensor, Tensor, int64_t, double, std::string>;
+using StateDict = std::map<std::string, Value>;
+
+struct SaveOptions {
+  // Replace a checkpoint already at `dir` (otherwise that is an error).
+  bool overwrite = false;
+  // Bytes per checksum block (a reader verifies whole blocks).
+  int64_t block_bytes = int64_t{1} << 20;
+};
+
+// What this rank did.
+struct SaveStats {
+  int64_t bytes_written = 0;  // this rank's data file
+  int64_t chunks_written = 0;
+  double seconds = 0;
+};
+
+// Writes `state` to `dir` (see the header comment). Collective over `group`: every rank
+// of it calls save with the same dir; each DistTensor's mesh must be over `group`.
+SaveStats save(const std::string& dir, const StateDict& state, const Group& group, const SaveOptions& options = {});
+
+struct LoadOptions {
+  // Targets the checkpoint lacks keep their values (otherwise an error naming them).
+  bool allow_missing = false;
+  // Verify the checksum of every block read (reads whole blocks).
+  bool verify = true;
+};
+
+// What this rank read.
+struct LoadStats {
+  int64_t bytes_needed = 0;             // the bytes of the saved chunks that intersect this rank's targets
+  int64_t bytes_read = 0;               // what was read from data files (needed, widened to checksum blocks)
+  std::vector<std::string> files_read;  // data files opened (names within the checkpoint)
+  std::vector<std::string> missing;     // targets the checkpoint lacks (allow_missing)
+  double seconds = 0;
+};
+
+// Fills `state`'s targets from `dir` (see the header comment). Collective over `group`.
+LoadStats load(const std::string& dir, StateDict& state, const Group& group, const LoadOptions& options = {});
+
+// ---- what a checkpoint holds (reads manifest.json; no communication) ----------------
+
+enum class EntryKind : uint8_t { DistTensor, Tensor, Int, Float, String };
+
+struct EntryInfo {
+  EntryKind kind = EntryKind::Tensor;
+  DType dtype = DType::F32;    // tensors
+  Shape shape;                 // tensors: the global shape
+  std::string mesh;            // DistTensor: the mesh it was saved from ("dp=2,tp=2")
+  std::string placements;      // DistTensor: its placements when saved ("S(0),R")
+  int64_t chunks = 0;          // tensors: stored chunks
+  std::optional<Value> value;  // numbers and strings
+};
+
+struct Manifest {
+  int64_t world_size = 0;  // of the saving group
+  std::map<std::string, EntryInfo> entries;
+};
+
+// Throws std::invalid_argument naming the file when dir holds no readable checkpoint.
+Manifest read_manifest(const std::string& dir);
+
+// ---- a series of checkpoints ---------------------------------------------------------
+
+// The checkpoints of one run under a root directory, one per saved step:
+// <root>/step-00000006. The newest complete one is the one to resume from.
+class CheckpointDir {
+ public:
+  // keep_last > 0: after each save only the newest keep_last checkpoints stay.
+  explicit CheckpointDir(std::string root, int keep_last = 0);
+
+  const std::string& root() const { return root_; }
+  std::string path_of(int64_t step) const;  // <root>/step-00000006
+  // Saves `state` as `step` (collective over `group`; replaces that step if it exists),
+  // then prunes (rank 0 of group). Returns the checkpoint's path.
+  std::string save(int64_t step, const StateDict& state, const Group& group, SaveOptions options = {});
+  // Steps with a complete checkpoint (a manifest.json), ascending. Leftovers of a save
+  // that crashed (step-*.tmp) are not checkpoints.
+  std::vector<int64_t> steps() const;
+  std::optional<int64_t> latest() const;
+
+ private:
+  void prune() const;
+  std::string root_;
+  int keep_last_;
+};
+
+// ---- the state of a training run -------------------------------------------------------
+
+// What a run needs to resume exactly where it stopped, gathered into one StateDict:
+//   model.<param name>                     parameters as they are laid out (shards stay shards)
+//   model.<module path>.<name>             Module::extra_state (Dropout's mask counter)
+//   optim.<param name>.<state>             optimizer state, keyed by parameter name
+//   optim.<param name>.step                its update count
+//   optim.lr                               the optimizer's learning rate
+//   scaler.scale / .clean_steps / .skipped_steps    the loss scaler
+//   train.step                             completed optimizer steps (the LR schedule and
+//                                          the sampler resume from it)
+//   data.global_batch / data.seed / data.dataset_size   the sampler, checked on load
+//   <extra's names>                        the caller's own entries
+// `modules` are the model, or this rank's pipeline stages (parameter names must be
+// unique across them except for tied copies, which are saved once and loaded into
+// each). Optimizer parameters are named through `modules`; one that no module holds is
+// an error. After loading, every module is told (nn::Module::notify_state_loaded) so
+// that wrappers such as FSDP refresh what they derived from the parameters.
+struct TrainState {
+  std::vector<nn::Module*> modules;
+  Optimizer* optimizer = nullptr;
+  LossScaler* scaler = nullptr;
+  const DistributedSampler* sampler = nullptr;
+  int64_t step = 0;
+  StateDict extra;
+};
+
+StateDict train_state_dict(const TrainState& state);
+// Saves train_state_dict(state) (collective over `group`).
+SaveStats save(const std::string& dir, const TrainState& state, const Group& group, const SaveOptions& options = {});
+// Loads into `state`: parameters in place, optimizer state created in the parameters'
+// layouts, scaler, step and extra entries replaced. The sampler's global batch, seed
+// and dataset size must equal the saved ones (the order of the data would differ).
+LoadStats load(const std::string& dir, TrainState& state, const Group& group, const LoadOptions& options = {});
+
+}  // namespace dtensor::checkpoint
