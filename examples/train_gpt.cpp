@@ -64,6 +64,7 @@ struct Settings {
   std::string timeline, save;
   std::string save_dir, resume;  // checkpoints of the whole training state
   int64_t save_every = 0, keep = 0;
+  bool async_save = false;
   int64_t fsdp = 0;
   bool hsdp = false;
   bool sequence_parallel = false, loss_parallel = true;
@@ -207,13 +208,14 @@ Settings read_settings(const TrainConfig& o) {
   s.save_dir = o.save_dir;
   s.save_every = o.save_every;
   s.keep = o.keep;
+  s.async_save = o.async_save;
   s.resume = o.resume;
   if (s.save_every < 0 || s.keep < 0) {
     throw std::invalid_argument("--save-every and --keep: expected 0 or more, got " + std::to_string(s.save_every) +
                                 " and " + std::to_string(s.keep));
   }
-  if (s.save_dir.empty() && (s.save_every > 0 || s.keep > 0)) {
-    throw std::invalid_argument("--save-every and --keep are for checkpoints: give --save-dir");
+  if (s.save_dir.empty() && (s.save_every > 0 || s.keep > 0 || s.async_save)) {
+    throw std::invalid_argument("--save-every, --keep and --async-save are for checkpoints: give --save-dir");
   }
   s.log = o.log;
   return s;
@@ -456,6 +458,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   }
   std::optional<checkpoint::CheckpointDir> checkpoints;
   if (!s.save_dir.empty()) checkpoints.emplace(s.save_dir, static_cast<int>(s.keep));
+  std::optional<checkpoint::AsyncSaver> saver;
+  if (s.async_save) saver.emplace(world);
   for (int64_t step = state.step; step < s.steps; ++step) {
     const parallel::StepReport report =
         pipe ? trainer.step(step, *pipe) : trainer.step(step, [&](int64_t micro) {
@@ -468,10 +472,13 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     const int64_t done = step + 1;
     if (checkpoints && ((s.save_every > 0 && done % s.save_every == 0) || done == s.steps)) {
       state.step = done;
-      const std::string path = checkpoints->save(done, checkpoint::train_state_dict(state), world);
-      if (log) log->note("checkpoint: " + path);
+      const checkpoint::StateDict dict = checkpoint::train_state_dict(state);
+      const std::string path =
+          saver ? checkpoints->save_async(*saver, done, dict) : checkpoints->save(done, dict, world);
+      if (log) log->note((saver ? "checkpoint (writing in the background): " : "checkpoint: ") + path);
     }
   }
+  if (saver) saver->wait();  // the last checkpoint committed (or its error) before the summary
   std::optional<parallel::Timeline> timeline;
   if (pipe) timeline = pipe->gather_timeline(pipe->schedule().name + " on " + mesh.to_string() + ", last step, measured");
   if (!s.save.empty()) {

@@ -348,8 +348,11 @@ TEST(CheckpointRoundTrip, EveryPairOfLayoutsAndWorldSizesIsBitExact) {
     const Manifest manifest = read_manifest(dir / std::to_string(s));
     EXPECT_EQ(manifest.world_size, shape_numel(from.mesh));
     EXPECT_EQ(manifest.entries.at("a").placements, placements_to_string(from.placements));
-    for (const Layout& to : layouts) {
-      SCOPED_TRACE("saved " + from.name + ", loaded " + to.name);
+    for (size_t t = 0; t < layouts.size(); ++t) {
+      const Layout& to = layouts[t];
+      // Half the pairs read straight into the targets (LoadOptions::staged off).
+      const bool staged = (s + t) % 2 == 0;
+      SCOPED_TRACE("saved " + from.name + ", loaded " + to.name + (staged ? "" : ", unstaged"));
       std::mutex mu;
       launch(static_cast<int>(shape_numel(to.mesh)), [&](Group world) {
         DeviceMesh mesh(world, to.mesh);
@@ -360,7 +363,7 @@ TEST(CheckpointRoundTrip, EveryPairOfLayoutsAndWorldSizesIsBitExact) {
                         {"count", int64_t{0}},
                         {"ratio", 0.0},
                         {"note", std::string()}};
-        const LoadStats stats = load(dir / std::to_string(s), state, world, {.verify = false});
+        const LoadStats stats = load(dir / std::to_string(s), state, world, {.verify = false, .staged = staged});
         const Tensor got_a = std::get<DistTensor>(state["a"]).full_tensor();
         const Tensor got_b = std::get<DistTensor>(state["b"]).full_tensor();
         // What this rank needs: its blocks of a and b (a Partial target needs the value
@@ -819,6 +822,92 @@ TEST(CheckpointResume, LoadingIntoARunningFsdpModelRefreshesItsGatheredParameter
     });
     EXPECT_EQ(losses[1], losses[0]);
   }
+}
+
+// ---- asynchronous saves ---------------------------------------------------------------------
+
+// The state as it was when save() returned, whatever the training does to it next.
+TEST(CheckpointAsync, SavesTheStateAsItWasWhenSaveReturned) {
+  ScratchDir dir;
+  const Tensor original = Tensor::randn({64, 16}, 4);
+  launch(2, [&](Group world) {
+    DeviceMesh mesh(world, {2});
+    const DistTensor w = distribute(original, mesh, {Shard(0)});
+    AsyncSaver saver(world);
+    const AsyncSaveStats stats = saver.save(dir / "c", {{"w", w}, {"step", int64_t{5}}});
+    EXPECT_EQ(stats.bytes_copied, 32 * 16 * 4);
+    EXPECT_TRUE(saver.in_flight());
+    Tensor(w.to_local()).fill_(-1.0);  // the training goes on
+    saver.wait();
+    EXPECT_FALSE(saver.in_flight());
+    StateDict state{{"w", zeros({64, 16}, mesh, {Shard(1)})}, {"step", int64_t{0}}};
+    load(dir / "c", state, world);
+    EXPECT_TRUE(bitwise_equal(std::get<DistTensor>(state["w"]).full_tensor(), original));
+    EXPECT_EQ(std::get<int64_t>(state["step"]), 5);
+  });
+  EXPECT_FALSE(fs::exists(dir / "c.tmp"));
+  for (const auto& e : fs::directory_iterator(dir / "c")) {
+    EXPECT_EQ(e.path().filename().string().find(".done"), std::string::npos) << "rank reports left behind";
+  }
+}
+
+TEST(CheckpointAsync, ASeriesSavedAsynchronouslyIsPrunedAfterEachCommit) {
+  ScratchDir dir;
+  CheckpointDir series(dir / "run", 2);
+  launch(3, [&](Group world) {
+    DeviceMesh mesh(world, {3});
+    AsyncSaver saver(world);
+    for (int64_t step = 1; step <= 4; ++step) {
+      series.save_async(saver, step, {{"w", full({5, 2}, static_cast<double>(step), mesh, {Shard(0)})}}, {});
+    }
+    saver.wait();
+  });
+  EXPECT_EQ(series.steps(), (std::vector<int64_t>{3, 4}));
+  launch(1, [&](Group world) {
+    DeviceMesh mesh(world, {1});
+    StateDict state{{"w", zeros({5, 2}, mesh, {Replicate()})}};
+    load(series.path_of(4), state, world);
+    EXPECT_TRUE(all_equal(std::get<DistTensor>(state["w"]).to_local(), 4.0));
+  });
+}
+
+TEST(CheckpointAsync, AFailedBackgroundWriteIsThrownOnEveryRankAndCommitsNothing) {
+  ScratchDir dir;
+  launch(2, [&](Group world) {
+    DeviceMesh mesh(world, {2});
+    save(dir / "c", {{"w", full({4}, 1.0, mesh, {Shard(0)})}}, world);
+  });
+  ::setenv("DTENSOR_CHECKPOINT_FAULT", "rank:1,point:written", 1);
+  const std::vector<std::string> errors = errors_of(2, [&](Group world) {
+    DeviceMesh mesh(world, {2});
+    AsyncSaver saver(world);
+    saver.save(dir / "c", {{"w", full({4}, 2.0, mesh, {Shard(0)})}}, {.overwrite = true});
+    saver.wait();
+  });
+  ::unsetenv("DTENSOR_CHECKPOINT_FAULT");
+  expect_all_contain(errors, "[checkpoint fault] rank 1");
+  EXPECT_FALSE(fs::exists(dir / "c.tmp"));
+  launch(1, [&](Group world) {
+    DeviceMesh mesh(world, {1});
+    StateDict state{{"w", zeros({4}, mesh, {Replicate()})}};
+    load(dir / "c", state, world);
+    EXPECT_TRUE(all_equal(std::get<DistTensor>(state["w"]).to_local(), 1.0)) << "the previous checkpoint stays";
+  });
+}
+
+// A rank whose report never comes (it died): rank 0 gives up after the timeout.
+TEST(CheckpointAsync, RankZeroGivesUpOnAMissingRankAfterTheTimeout) {
+  ScratchDir dir;
+  ::setenv("DTENSOR_CHECKPOINT_FAULT", "rank:1,point:written,kind:stall", 1);
+  const std::vector<std::string> errors = errors_of(2, [&](Group world) {
+    DeviceMesh mesh(world, {2});
+    AsyncSaver saver(world, std::chrono::milliseconds(200));
+    saver.save(dir / "c", {{"w", full({4}, 2.0, mesh, {Shard(0)})}});
+    saver.wait();
+  });
+  ::unsetenv("DTENSOR_CHECKPOINT_FAULT");
+  expect_all_contain(errors, "no file from rank(s) 1 within 200 ms");
+  EXPECT_FALSE(fs::exists(dir / "c"));
 }
 
 }  // namespace

@@ -70,6 +70,8 @@ const std::vector<TrainKey>& train_keys() {
        "write checkpoints of the whole training state under this directory (step-00000006, ...; see --save-every)"},
       {"save-every", &C::save_every, "with --save-dir: a checkpoint every N steps (0: only after the last step)"},
       {"keep", &C::keep, "with --save-dir: keep only the newest N checkpoints (0: all)"},
+      {"async-save", &C::async_save,
+       "with --save-dir: a step waits only while the state is copied to host memory; a thread writes it"},
       {"resume", &C::resume,
        "continue from the newest checkpoint under this directory (or from this checkpoint directory), on any --mesh; "
        "starts from step 1 when there is none yet"},

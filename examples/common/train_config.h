@@ -60,6 +60,7 @@ struct TrainConfig {
   std::string save_dir;
   int64_t save_every = 0;
   int64_t keep = 0;
+  bool async_save = false;
   std::string resume;
   std::string out = "train_gpt_loss.csv";
   std::string log = "auto";

@@ -33,14 +33,17 @@
 // target receives the whole tensor; numbers and strings are replaced by the saved
 // values. A rank opens only the files holding chunks that intersect what it needs and
 // reads only those byte ranges (widened to whole checksum blocks, whose checksums are
-// verified). Everything is read and verified before anything is written, and the ranks
-// agree on the outcome: a missing entry, another shape or dtype, a truncated or
-// corrupted file fails on every rank with the entry and the file named, and no target
-// is changed.
+// verified). Everything is read and verified before anything is written (unless
+// LoadOptions::staged is off), and the ranks agree on the outcome: a missing entry,
+// another shape or dtype, a truncated or corrupted file fails on every rank with the
+// entry and the file named, and no target is changed.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -86,6 +89,12 @@ struct LoadOptions {
   bool allow_missing = false;
   // Verify the checksum of every block read (reads whole blocks).
   bool verify = true;
+  // Read everything into host buffers and write the targets only when every rank read
+  // and verified all it needs (a failure changes nothing). false: read straight into
+  // targets that are contiguous host tensors (no second copy, no extra memory, as
+  // PyTorch DCP loads); the ranks still agree on the outcome, but after a failure those
+  // targets may hold part of the checkpoint.
+  bool staged = true;
 };
 
 // What this rank read.
@@ -99,6 +108,51 @@ struct LoadStats {
 
 // Fills `state`'s targets from `dir` (see the header comment). Collective over `group`.
 LoadStats load(const std::string& dir, StateDict& state, const Group& group, const LoadOptions& options = {});
+
+// ---- asynchronous saves --------------------------------------------------------------
+
+// What AsyncSaver::save cost the calling thread.
+struct AsyncSaveStats {
+  double stall_seconds = 0;   // the whole call: the wait below, the copy, one exchange
+  double waited_seconds = 0;  // waiting for the previous save to finish
+  int64_t bytes_copied = 0;   // this rank's pieces copied to host memory
+};
+
+// Saves that return once this rank's pieces are copied to host memory; a background
+// thread writes its file, and rank 0's thread commits the checkpoint (manifest, rename)
+// once every rank's file is durable. The ranks report to rank 0 through small files in
+// <dir>.tmp, so the background threads never communicate and never meet the training's
+// collectives (any backend, any shared filesystem). A save first waits for the one in
+// flight. Whether a save succeeded is agreed at the next save() or wait(), which throw
+// its error on every rank.
+//
+//   checkpoint::AsyncSaver saver(world);
+//   saver.save(series.path_of(step), checkpoint::train_state_dict(state));  // stalls for the copy
+//   ...                                                                      // training goes on
+//   saver.wait();                                                            // before exiting
+class AsyncSaver {
+ public:
+  // Collective over `group` in save() and wait() only. Rank 0 gives up on ranks whose
+  // files do not arrive within `timeout` (default: the group's).
+  explicit AsyncSaver(Group group, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Waits for the thread (not collective); a failure nobody waited for is printed.
+  ~AsyncSaver();
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+
+  // Collective over the group (and over the DistTensors' meshes, for Partial entries).
+  // `on_committed` runs on rank 0's thread after the rename (CheckpointDir prunes there).
+  AsyncSaveStats save(const std::string& dir, const StateDict& state, const SaveOptions& options = {},
+                      std::function<void()> on_committed = {});
+  // Waits for the save in flight and agrees on its outcome (collective); throws its error.
+  void wait();
+  bool in_flight() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
 
 // ---- what a checkpoint holds (reads manifest.json; no communication) ----------------
 
@@ -140,6 +194,9 @@ class CheckpointDir {
   // that crashed (step-*.tmp) are not checkpoints.
   std::vector<int64_t> steps() const;
   std::optional<int64_t> latest() const;
+  // The same through `saver`: returns once the state is copied; the pruning follows the
+  // commit on rank 0's background thread.
+  std::string save_async(AsyncSaver& saver, int64_t step, const StateDict& state, SaveOptions options = {});
 
  private:
   void prune() const;

@@ -48,6 +48,14 @@ std::string CheckpointDir::save(int64_t step, const StateDict& state, const Grou
   return path;
 }
 
+std::string CheckpointDir::save_async(AsyncSaver& saver, int64_t step, const StateDict& state, SaveOptions options) {
+  const std::string path = path_of(step);
+  fs::create_directories(root_);
+  options.overwrite = true;
+  saver.save(path, state, options, [series = *this] { series.prune(); });
+  return path;
+}
+
 std::vector<int64_t> CheckpointDir::steps() const {
   std::vector<int64_t> out;
   std::error_code ec;

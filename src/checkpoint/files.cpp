@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string_view>
+#include <thread>
 
 #include "util/check.h"
 
@@ -103,9 +104,20 @@ std::string parent_directory(const std::string& path) {
 }
 
 void fault_point(const char* point, int rank) {
+  // Counts per spec: a new value of the variable (tests change it) starts afresh.
+  static std::mutex mutex;
+  static std::string counted_spec;
+  static std::map<std::pair<int, std::string>, int64_t> reached;
   const char* spec = std::getenv("DTENSOR_CHECKPOINT_FAULT");
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (counted_spec != (spec ? spec : "")) {
+      counted_spec = spec ? spec : "";
+      reached.clear();
+    }
+  }
   if (!spec || !*spec) return;
-  // "rank:R,point:P[,kind:K]"
+  // "rank:R,point:P[,kind:K][,count:N]"
   int want_rank = -1;
   int64_t want_count = 1;
   std::string want_point, kind = "throw";
@@ -129,13 +141,15 @@ void fault_point(const char* point, int rank) {
     }
   }
   if (want_rank != rank || want_point != point) return;
-  static std::mutex mutex;
-  static std::map<std::pair<int, std::string>, int64_t> reached;
   {
     const std::lock_guard<std::mutex> lock(mutex);
     if (++reached[{rank, want_point}] != want_count) return;
   }
   if (kind == "kill") ::raise(SIGKILL);
+  if (kind == "stall") {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    return;
+  }
   throw std::runtime_error(::dtensor::detail::concat("[checkpoint fault] rank ", rank, " injected at \"", point, "\""));
 }
 

@@ -36,10 +36,10 @@ void sync_directory(const std::string& path);
 // The directory holding `path` ("." for a bare name).
 std::string parent_directory(const std::string& path);
 
-// DTENSOR_CHECKPOINT_FAULT="rank:R,point:P[,kind:throw|kill][,count:N]": rank R of the
-// saving group throws std::runtime_error("[checkpoint fault] ...") (kind throw, the
-// default) or sends itself SIGKILL (kind kill) the N-th time (default 1; counted per
-// process) its saves reach point P:
+// DTENSOR_CHECKPOINT_FAULT="rank:R,point:P[,kind:throw|kill|stall][,count:N]": rank R of
+// the saving group throws std::runtime_error("[checkpoint fault] ...") (kind throw, the
+// default), sends itself SIGKILL (kill) or sleeps a second (stall, a slow or hung
+// rank) the N-th time (default 1; counted per process) its saves reach point P:
 //   written    after its data file is written and synced
 //   manifest   rank 0 only: after manifest.json is written, before the rename
 //   committed  rank 0 only: after the rename, before the others are told

@@ -79,6 +79,22 @@ Box check_target(const std::string& name, const Value& target, const EntryRecord
   return {};
 }
 
+// Where an unstaged load may read a target's bytes directly: its own memory when that is
+// a contiguous host tensor holding the value (not a zero of a Partial(sum) dim).
+Tensor direct_destination(const Value& target) {
+  Tensor local;
+  if (const auto* d = std::get_if<DistTensor>(&target)) {
+    for (int dim = 0; dim < d->mesh().ndim(); ++dim) {
+      if (d->placements()[static_cast<size_t>(dim)].is_partial()) return {};
+    }
+    local = d->to_local();
+  } else if (const auto* t = std::get_if<Tensor>(&target)) {
+    local = *t;
+  }
+  if (!local.defined() || local.device() != Device::cpu() || !local.is_contiguous()) return {};
+  return local;
+}
+
 // Reads one file's chunk reads, verifying whole blocks when block_bytes > 0.
 void read_file_chunks(const std::string& dir, const FileRecord& file, std::vector<ChunkRead*>& reads,
                       int64_t block_bytes, LoadStats& stats) {
@@ -146,12 +162,12 @@ void commit(StateDict& state, std::vector<Staged>& staged, const ManifestData& m
       }
       if (zero) {
         local.fill_(0);
-      } else {
+      } else if (local.data_ptr() != s.buffer.data_ptr()) {
         local.copy_(s.buffer);
       }
     } else if (auto* t = std::get_if<Tensor>(&target)) {
       if (t->defined()) {
-        Tensor(*t).copy_(s.buffer);
+        if (t->data_ptr() != s.buffer.data_ptr()) Tensor(*t).copy_(s.buffer);
       } else {
         *t = s.buffer;
       }
@@ -197,7 +213,8 @@ LoadStats load(const std::string& dir, StateDict& state, const Group& group, con
       const EntryRecord& saved = it->second;
       const Box box = check_target(name, target, saved);
       if (is_tensor_kind(saved.kind)) {
-        staged.push_back({name, &saved, box, Tensor::empty(box_shape(box), saved.dtype)});
+        const Tensor direct = options.staged ? Tensor() : direct_destination(target);
+        staged.push_back({name, &saved, box, direct.defined() ? direct : Tensor::empty(box_shape(box), saved.dtype)});
       }
     }
     if (!options.allow_missing && !stats.missing.empty()) {
