@@ -50,7 +50,8 @@ MeshSpec parse_mesh(const std::string& text) {
     if (name != "pp" && name != "dp" && name != "tp" && name != "replicate") {
       throw std::invalid_argument(
           "--mesh: dims are pp (pipeline stages), dp (data parallel), tp (tensor parallel) and replicate (HSDP replica "
-          "groups), got '" + name + "'");
+          "groups), got '" +
+          name + "'");
     }
   }
   return mesh;
@@ -59,10 +60,11 @@ MeshSpec parse_mesh(const std::string& text) {
 struct Settings {
   MeshSpec mesh;
   int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;  // dp: data-parallel ranks (dp x replicate)
-  int64_t pp = 1;  // pipeline ranks; with a pp dim the micro-batches come from the schedule
+  int64_t pp = 1;                              // pipeline ranks; with a pp dim the micro-batches come from the schedule
   std::optional<parallel::Schedule> schedule;  // with a pp dim
   std::string timeline, save;
   std::string save_dir, resume;  // checkpoints of the whole training state
+  std::string export_path;       // the parameters as one safetensors file
   int64_t save_every = 0, keep = 0;
   bool async_save = false;
   int64_t fsdp = 0;
@@ -85,8 +87,11 @@ void read_pipeline_settings(const TrainConfig& o, Settings& s) {
   const std::string timeline = o.timeline;
   const bool has_pp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "pp") > 0;
   if (!has_pp) {
-    const char* asked = !schedule.empty() ? "--schedule" : micro_batches != 0 ? "--microbatches"
-                        : virtual_stages != 1 ? "--virtual-stages" : !timeline.empty() ? "--timeline" : nullptr;
+    const char* asked = !schedule.empty()     ? "--schedule"
+                        : micro_batches != 0  ? "--microbatches"
+                        : virtual_stages != 1 ? "--virtual-stages"
+                        : !timeline.empty()   ? "--timeline"
+                                              : nullptr;
     if (asked) {
       throw std::invalid_argument(std::string(asked) + " is for pipeline parallelism: --mesh " + s.mesh.to_string() +
                                   " has no 'pp' dim (e.g. --mesh pp=2 or pp=4,dp=2,tp=2)");
@@ -115,13 +120,14 @@ void read_pipeline_settings(const TrainConfig& o, Settings& s) {
   if (stages > s.model.layers) {
     throw std::invalid_argument("--mesh pp=" + std::to_string(s.pp) +
                                 (virtual_stages > 1 ? " x --virtual-stages " + std::to_string(virtual_stages) : "") +
-                                " makes " + std::to_string(stages) + " stages of at least one block each, --layers is " +
-                                std::to_string(s.model.layers));
+                                " makes " + std::to_string(stages) +
+                                " stages of at least one block each, --layers is " + std::to_string(s.model.layers));
   }
   const int64_t m = micro_batches == 0 ? 2 * s.pp : micro_batches;
   if (m < 1) throw std::invalid_argument("--microbatches: expected at least 1, got " + std::to_string(m));
   try {
-    s.schedule = parallel::make_schedule(kind, static_cast<int>(s.pp), static_cast<int>(m), static_cast<int>(virtual_stages));
+    s.schedule =
+        parallel::make_schedule(kind, static_cast<int>(s.pp), static_cast<int>(m), static_cast<int>(virtual_stages));
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument("--schedule " + std::string(parallel::schedule_kind_name(kind)) + " --microbatches " +
                                 std::to_string(m) + ": " + e.what());
@@ -138,7 +144,8 @@ Settings read_settings(const TrainConfig& o) {
   const auto has = [&](const char* name) { return std::count(s.mesh.names.begin(), s.mesh.names.end(), name) > 0; };
   s.fsdp = o.fsdp;
   s.hsdp = o.hsdp;
-  if (s.fsdp < 0 || s.fsdp > 3) throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
+  if (s.fsdp < 0 || s.fsdp > 3)
+    throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
   if (s.fsdp > 0 && !has("dp")) {
     throw std::invalid_argument("--fsdp " + std::to_string(s.fsdp) + " shards over the mesh dim 'dp', --mesh " +
                                 o.mesh + " has none");
@@ -158,7 +165,8 @@ Settings read_settings(const TrainConfig& o) {
   s.batch = o.batch;
   s.grad_accum = o.grad_accum;
   if (s.steps < 1) throw std::invalid_argument("--steps: expected at least 1, got " + std::to_string(s.steps));
-  if (s.grad_accum < 1) throw std::invalid_argument("--grad-accum: expected at least 1, got " + std::to_string(s.grad_accum));
+  if (s.grad_accum < 1)
+    throw std::invalid_argument("--grad-accum: expected at least 1, got " + std::to_string(s.grad_accum));
   s.model.layers = o.layers;
   read_pipeline_settings(o, s);
   if (s.batch < 1 || s.batch % (s.dp * s.grad_accum) != 0) {
@@ -192,7 +200,8 @@ Settings read_settings(const TrainConfig& o) {
   s.trace = o.trace;
   const std::string steps = o.trace_steps;
   const size_t colon = steps.find(':');
-  if (colon == std::string::npos) throw std::invalid_argument("--trace-steps: expected FIRST:COUNT, got '" + steps + "'");
+  if (colon == std::string::npos)
+    throw std::invalid_argument("--trace-steps: expected FIRST:COUNT, got '" + steps + "'");
   const auto whole = [&](const std::string& part) {
     char* end = nullptr;
     const long long value = std::strtoll(part.c_str(), &end, 10);
@@ -210,6 +219,7 @@ Settings read_settings(const TrainConfig& o) {
   s.keep = o.keep;
   s.async_save = o.async_save;
   s.resume = o.resume;
+  s.export_path = o.export_path;
   if (s.save_every < 0 || s.keep < 0) {
     throw std::invalid_argument("--save-every and --keep: expected 0 or more, got " + std::to_string(s.save_every) +
                                 " and " + std::to_string(s.keep));
@@ -236,8 +246,8 @@ Placements batch_layout(const DeviceMesh& mesh, int64_t& dp_rank) {
   Placements layout;
   dp_rank = 0;
   for (int d = 0; d < mesh.ndim(); ++d) {
-    const bool data_parallel = mesh.names()[static_cast<size_t>(d)] == "dp" ||
-                               mesh.names()[static_cast<size_t>(d)] == "replicate";
+    const bool data_parallel =
+        mesh.names()[static_cast<size_t>(d)] == "dp" || mesh.names()[static_cast<size_t>(d)] == "replicate";
     layout.push_back(data_parallel ? Shard(0) : Replicate());
     if (data_parallel) dp_rank = dp_rank * mesh.size(d) + mesh.coordinate(d);
   }
@@ -345,7 +355,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   nn::GPTConfig config = s.model;
   config.vocab = data.vocab_size();
   const bool has_tp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "tp") > 0;
-  const std::optional<DType> compute = s.precision == "bf16" ? std::optional<DType>(DType::BF16)
+  const std::optional<DType> compute = s.precision == "bf16"   ? std::optional<DType>(DType::BF16)
                                        : s.precision == "fp16" ? std::optional<DType>(DType::F16)
                                                                : std::nullopt;
   const parallel::GPTPlanOptions tp_options{.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel};
@@ -377,11 +387,13 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     const DeviceMesh& stage_mesh = pm->stage_mesh();
     gpt = std::make_unique<parallel::GPTPipeline>(
         *pm, config, s.seed,
-        parallel::GPTPipelineOptions{.schedule = s.schedule->kind, .micro_batches = s.schedule->micro_batches,
+        parallel::GPTPipelineOptions{.schedule = s.schedule->kind,
+                                     .micro_batches = s.schedule->micro_batches,
                                      .virtual_stages = s.schedule->virtual_stages()});
     int64_t mine = 0;  // parameters of this rank's stages, the tied head's copy left out
     for (const auto& stage : gpt->stages()) {
-      if (has_tp) parallel::parallelize_module(*stage, stage_mesh["tp"], parallel::gpt_stage_tp_plan(*stage, tp_options));
+      if (has_tp)
+        parallel::parallelize_module(*stage, stage_mesh["tp"], parallel::gpt_stage_tp_plan(*stage, tp_options));
       for (const auto& [name, p] : stage->named_parameters()) {
         if (name != "tokens.weight" || stage->is_first()) mine += p.numel();
       }
@@ -411,8 +423,9 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     log = std::make_unique<TrainLog>(s.steps, s.log == "plain" ? TrainLog::Mode::Plain : TrainLog::Mode::Auto);
     std::printf("%s\n", cpu::summary().c_str());  // the CPU, its kernels and GEMM engines
     for (const std::string& w : cpu::warnings()) std::printf("warning: %s\n", w.c_str());
-    std::string parallelism = s.fsdp > 0 ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
-                              : !dp.ddps.empty() ? "DDP" : "no data parallelism";
+    std::string parallelism = s.fsdp > 0         ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
+                              : !dp.ddps.empty() ? "DDP"
+                                                 : "no data parallelism";
     if (gpt) {
       std::string split;
       for (const parallel::StageLayers& l : gpt->split()) {
@@ -421,13 +434,14 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       parallelism += ", " + gpt->schedule().name + " over " + std::to_string(gpt->schedule().micro_batches) +
                      " micro-batches, " + std::to_string(gpt->schedule().stages) + " stages (blocks " + split + ")";
     }
-    std::printf("GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
-                "%s%s\n",
-                static_cast<long long>(num_parameters), static_cast<long long>(config.layers),
-                static_cast<long long>(config.dim), static_cast<long long>(config.heads),
-                static_cast<long long>(config.vocab), static_cast<long long>(config.block_size),
-                mesh.to_string().c_str(), parallelism.c_str(), world.backend().c_str(), s.precision.c_str(),
-                config.checkpoint_activations ? ", activation checkpointing" : "");
+    std::printf(
+        "GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
+        "%s%s\n",
+        static_cast<long long>(num_parameters), static_cast<long long>(config.layers),
+        static_cast<long long>(config.dim), static_cast<long long>(config.heads), static_cast<long long>(config.vocab),
+        static_cast<long long>(config.block_size), mesh.to_string().c_str(), parallelism.c_str(),
+        world.backend().c_str(), s.precision.c_str(),
+        config.checkpoint_activations ? ", activation checkpointing" : "");
   }
   // A pipeline accumulates its own micro-batches and synchronises each stage.
   parallel::TrainerOptions training{.grad_accum = pipe ? 1 : s.grad_accum,
@@ -461,13 +475,12 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   std::optional<checkpoint::AsyncSaver> saver;
   if (s.async_save) saver.emplace(world);
   for (int64_t step = state.step; step < s.steps; ++step) {
-    const parallel::StepReport report =
-        pipe ? trainer.step(step, *pipe) : trainer.step(step, [&](int64_t micro) {
-          const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-          const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, micro_shape);
-          const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, micro_shape);
-          return model->loss(ids, targets);
-        });
+    const parallel::StepReport report = pipe ? trainer.step(step, *pipe) : trainer.step(step, [&](int64_t micro) {
+      const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
+      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, micro_shape);
+      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, micro_shape);
+      return model->loss(ids, targets);
+    });
     if (log) log->step(report.stats);
     const int64_t done = step + 1;
     if (checkpoints && ((s.save_every > 0 && done % s.save_every == 0) || done == s.steps)) {
@@ -479,8 +492,20 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     }
   }
   if (saver) saver->wait();  // the last checkpoint committed (or its error) before the summary
+  if (!s.export_path.empty()) {
+    // Every parameter once (the tied head's copy on a last pipeline stage included:
+    // it has the embedding's name), written where it lies, nothing gathered.
+    checkpoint::StateDict parameters;
+    for (nn::Module* m : state.modules) {
+      for (const auto& [name, p] : m->named_parameters()) parameters.emplace(name, p);
+    }
+    checkpoint::export_safetensors(s.export_path, parameters, world,
+                                   {.metadata = model_metadata(config, s, data), .overwrite = true});
+    if (leader) std::printf("parameters: %s (safetensors)\n", s.export_path.c_str());
+  }
   std::optional<parallel::Timeline> timeline;
-  if (pipe) timeline = pipe->gather_timeline(pipe->schedule().name + " on " + mesh.to_string() + ", last step, measured");
+  if (pipe)
+    timeline = pipe->gather_timeline(pipe->schedule().name + " on " + mesh.to_string() + ", last step, measured");
   if (!s.save.empty()) {
     const std::map<std::string, Tensor> state = gpt ? gather_pipeline_state(*pm, *gpt) : model->state_dict();
     if (leader) {
@@ -490,7 +515,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   }
   if (log) {
     log->finish();
-    const std::string svg = log->write_loss_curve(s.out, "GPT training loss (" + mesh.to_string() + ", " + s.precision + ")");
+    const std::string svg =
+        log->write_loss_curve(s.out, "GPT training loss (" + mesh.to_string() + ", " + s.precision + ")");
     std::printf("loss curve: %s and %s\n", s.out.c_str(), svg.c_str());
     if (const LossScaler* scaler = trainer.scaler()) {
       std::printf("fp16 loss scale %g, %lld skipped steps\n", scaler->scale_value(),
@@ -498,11 +524,12 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     }
     if (timeline) {
       const parallel::Schedule& sched = pipe->schedule();
-      std::printf("pipeline: last step's bubble %.1f%% measured, %.1f%% in theory for equal stages (%s, p=%d, m=%d%s)\n",
-                  100 * timeline->bubble_fraction(),
-                  100 * parallel::theoretical_bubble(sched.kind, sched.ranks, sched.micro_batches, sched.virtual_stages()),
-                  sched.name.c_str(), sched.ranks, sched.micro_batches,
-                  sched.virtual_stages() > 1 ? (", v=" + std::to_string(sched.virtual_stages())).c_str() : "");
+      std::printf(
+          "pipeline: last step's bubble %.1f%% measured, %.1f%% in theory for equal stages (%s, p=%d, m=%d%s)\n",
+          100 * timeline->bubble_fraction(),
+          100 * parallel::theoretical_bubble(sched.kind, sched.ranks, sched.micro_batches, sched.virtual_stages()),
+          sched.name.c_str(), sched.ranks, sched.micro_batches,
+          sched.virtual_stages() > 1 ? (", v=" + std::to_string(sched.virtual_stages())).c_str() : "");
     }
   }
   if (leader && timeline && !s.timeline.empty()) {
@@ -540,8 +567,9 @@ int main(int argc, char** argv) {
       // One file per process: trace.json -> trace.0.json, trace.1.json, ...
       if (!trace.empty() && trace.find("{rank}") == std::string::npos) {
         const size_t dot = trace.rfind('.');
-        trace = dot == std::string::npos || dot < trace.rfind('/') + 1 ? trace + ".{rank}"
-                                                                       : trace.substr(0, dot) + ".{rank}" + trace.substr(dot);
+        trace = dot == std::string::npos || dot < trace.rfind('/') + 1
+                    ? trace + ".{rank}"
+                    : trace.substr(0, dot) + ".{rank}" + trace.substr(dot);
       }
       if (!trace.empty()) Tracer::start(trace);
       train(world, settings, *data);

@@ -910,4 +910,107 @@ TEST(CheckpointAsync, RankZeroGivesUpOnAMissingRankAfterTheTimeout) {
   EXPECT_FALSE(fs::exists(dir / "c"));
 }
 
+// ---- one safetensors file ---------------------------------------------------------------------
+
+// Exported from sharded layouts without gathering, the file holds the whole tensors;
+// imported onto other layouts and world sizes, under other names.
+TEST(CheckpointSafetensors, ExportWritesWholeTensorsAndImportReshardsThem) {
+  ScratchDir dir;
+  const Tensor a = Tensor::randn({7, 5}, 21);
+  const Tensor b = Tensor::randn({6}, 22).to(DType::BF16);
+  for (const Layout& from : round_trip_layouts()) {
+    SCOPED_TRACE("exported from " + from.name);
+    const std::string path = dir / "model.safetensors";
+    launch(static_cast<int>(shape_numel(from.mesh)), [&](Group world) {
+      DeviceMesh mesh(world, from.mesh);
+      export_safetensors(path,
+                         {{"a", distribute(a, mesh, from.placements)},
+                          {"b", distribute(b, mesh, one_dim(from.placements))},
+                          {"steps", int64_t{12}}},
+                         world,
+                         {.names = {{"a", "model.a.weight"}}, .metadata = {{"format", "pt"}}, .overwrite = true});
+    });
+    // The file as any reader sees it.
+    const std::string bytes = ckd::read_file(path);
+    const int64_t n = ckd::safetensors_header_length(reinterpret_cast<const unsigned char*>(bytes.data()),
+                                                     static_cast<int64_t>(bytes.size()), path);
+    const ckd::SafetensorsHeader h = ckd::parse_safetensors_header(
+        std::string_view(bytes).substr(8, static_cast<size_t>(n)), static_cast<int64_t>(bytes.size()), path);
+    EXPECT_EQ(h.metadata.at("steps"), "12");
+    EXPECT_EQ(h.metadata.at("format"), "pt");
+    ASSERT_EQ(h.tensors.size(), 2u);
+    EXPECT_EQ(h.tensors[0].name, "b");
+    EXPECT_EQ(h.tensors[1].name, "model.a.weight");
+    EXPECT_EQ(std::memcmp(bytes.data() + h.data_offset + h.tensors[1].begin, a.data_ptr(), a.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(bytes.data() + h.data_offset + h.tensors[0].begin, b.data_ptr(), b.nbytes()), 0);
+    EXPECT_FALSE(fs::exists(path + ".tmp"));
+    // Imported on 3 ranks, columns sharded, under dtensor's names.
+    launch(3, [&](Group world) {
+      DeviceMesh mesh(world, {3});
+      StateDict state{{"a", zeros({7, 5}, mesh, {Shard(1)})}, {"b", zeros({6}, mesh, {Shard(0)}, DType::BF16)}};
+      const LoadStats stats = import_safetensors(path, state, world, {.names = {{"a", "model.a.weight"}}});
+      EXPECT_TRUE(bitwise_equal(std::get<DistTensor>(state["a"]).full_tensor(), a));
+      EXPECT_TRUE(bitwise_equal(std::get<DistTensor>(state["b"]).full_tensor(), b));
+      EXPECT_EQ(stats.bytes_read, stats.bytes_needed);
+    });
+  }
+}
+
+// The committed fixture written by Python's safetensors package, loaded sharded.
+TEST(CheckpointSafetensors, ImportsAFileThePythonPackageWroteOntoShards) {
+  const std::string path = std::string(DTENSOR_TEST_DATA_DIR) + "/python_written.safetensors";
+  launch(2, [&](Group world) {
+    DeviceMesh mesh(world, {2});
+    StateDict state{{"weight", zeros({2, 3}, mesh, {Shard(1)})},
+                    {"ids", zeros({4}, mesh, {Shard(0)}, DType::I64)},
+                    {"half", Tensor()}};
+    import_safetensors(path, state, world);
+    EXPECT_TRUE(bitwise_equal(std::get<DistTensor>(state["weight"]).full_tensor(),
+                              Tensor::from_vector<float>({0, 1, 2, 3, 4, 5}, {2, 3})));
+    EXPECT_EQ(std::get<DistTensor>(state["ids"]).full_tensor().to_vector<int64_t>(),
+              (std::vector<int64_t>{3, 1, 4, 1}));
+    EXPECT_EQ(std::get<Tensor>(state["half"]).to(DType::F32).to_vector<float>(), (std::vector<float>{0.5f, -2.0f}));
+  });
+  expect_all_contain(errors_of(1,
+                               [&](Group world) {
+                                 DeviceMesh mesh(world, {1});
+                                 StateDict state{{"weight", zeros({3, 2}, mesh, {Replicate()})}};
+                                 import_safetensors(path, state, world);
+                               }),
+                     "[checkpoint::import_safetensors] entry 'weight': the target is f32 [3, 2]");
+  expect_all_contain(errors_of(1,
+                               [&](Group world) {
+                                 StateDict state{{"nothing", Tensor()}};
+                                 import_safetensors(path, state, world);
+                               }),
+                     "python_written.safetensors\" has no entry 'nothing'");
+}
+
+// A GPT exported from one rank loads into a tensor-parallel GPT, value for value.
+TEST(CheckpointSafetensors, AGptExportedFromOneRankImportsIntoTensorParallelShards) {
+  ScratchDir dir;
+  const nn::GPTConfig config = tiny_gpt();
+  std::map<std::string, Tensor> reference;
+  launch(1, [&](Group world) {
+    DeviceMesh mesh(world, {1});
+    nn::GPT model(mesh, config, 5);
+    StateDict state;
+    for (const auto& [name, p] : model.named_parameters()) state["transformer." + name] = p;
+    export_safetensors(dir / "gpt.safetensors", state, world);
+    reference = model.state_dict();
+  });
+  launch(2, [&](Group world) {
+    DeviceMesh mesh(world, {2}, {"tp"});
+    nn::GPT model(mesh, config, 6);  // other values
+    parallel::parallelize_module(model, mesh, parallel::gpt_tp_plan(config));
+    StateDict state;
+    for (const auto& [name, p] : model.named_parameters()) state[name] = p;
+    ImportOptions options;
+    for (const auto& [name, _] : state) options.names[name] = "transformer." + name;
+    import_safetensors(dir / "gpt.safetensors", state, world, options);
+    const auto loaded = model.state_dict();
+    for (const auto& [name, t] : reference) EXPECT_TRUE(bitwise_equal(loaded.at(name), t)) << name;
+  });
+}
+
 }  // namespace

@@ -75,6 +75,8 @@ const std::vector<TrainKey>& train_keys() {
       {"resume", &C::resume,
        "continue from the newest checkpoint under this directory (or from this checkpoint directory), on any --mesh; "
        "starts from step 1 when there is none yet"},
+      {"export", &C::export_path,
+       "write the trained parameters as one safetensors file (the model's names; any safetensors reader opens it)"},
       {"out", &C::out, "loss curve CSV (an SVG chart is written beside it)"},
       {"log", &C::log, "auto (redraw on a terminal), plain (a line per step) or quiet", {"auto", "plain", "quiet"}},
   };
@@ -270,7 +272,7 @@ std::optional<TrainConfig> parse_train_args(int argc, const char* const* argv) {
                "train_gpt");
   app.add_option("--config", config_path, "JSON file with any of the keys below (without the dashes); flags win");
   add_train_flags(app, flags);
-  app.allow_extras();  // reported below, by name and in order
+  app.allow_extras();                                             // reported below, by name and in order
   if (!parse_command_line(app, argc, argv)) return std::nullopt;  // --help
   const std::vector<std::string> extras = app.remaining();
   for (const std::string& arg : extras) {

@@ -62,6 +62,7 @@ struct TrainConfig {
   int64_t keep = 0;
   bool async_save = false;
   std::string resume;
+  std::string export_path;
   std::string out = "train_gpt_loss.csv";
   std::string log = "auto";
 };

@@ -176,6 +176,39 @@ struct Manifest {
 // Throws std::invalid_argument naming the file when dir holds no readable checkpoint.
 Manifest read_manifest(const std::string& dir);
 
+// ---- one safetensors file: consolidation and import --------------------------------------
+
+// Names in the file for dtensor's names (unlisted names are kept): a model's parameters
+// under PyTorch or Hugging Face names.
+using NameMap = std::map<std::string, std::string>;
+
+struct ExportOptions {
+  NameMap names;                                // entry name -> name in the file
+  std::map<std::string, std::string> metadata;  // the file's __metadata__ (with the numbers and strings of the state)
+  bool overwrite = false;
+};
+
+// Writes the whole tensors of `state` as one safetensors file at `path` (row-major, in
+// name order), without gathering: rank 0 writes the header and sizes the file, every rank
+// writes the bytes of the blocks it owns at their places (a replicated block once), and
+// the file appears at `path` by rename once complete. Numbers and strings go into the
+// metadata as text. Collective over `group`; the file must be on storage every rank sees.
+void export_safetensors(const std::string& path, const StateDict& state, const Group& group,
+                        const ExportOptions& options = {});
+
+struct ImportOptions {
+  NameMap names;  // target name -> name in the file (unlisted names are looked up as they are)
+  bool allow_missing = false;
+  bool staged = true;  // as LoadOptions::staged
+};
+
+// Fills `state`'s tensor targets (any mesh, any placements) from a safetensors file
+// written by anyone (PyTorch's safetensors.torch.save_file, Hugging Face, export_safetensors):
+// each rank reads only the byte ranges of its blocks. Numbers and strings are not read
+// (a safetensors file has no such entries). Collective over `group`.
+LoadStats import_safetensors(const std::string& path, StateDict& state, const Group& group,
+                             const ImportOptions& options = {});
+
 // ---- a series of checkpoints ---------------------------------------------------------
 
 // The checkpoints of one run under a root directory, one per saved step:

@@ -29,10 +29,10 @@ constexpr const char* kOp = "checkpoint";
 }  // namespace
 
 File::File(const std::string& path, const char* mode) : path_(path) {
-  const bool write = std::string_view(mode) == "w";
-  fd_ = write ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)
-              : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail(write ? "cannot create" : "cannot open", path);
+  const std::string_view m(mode);
+  const int flags = m == "w" ? O_WRONLY | O_CREAT | O_TRUNC : m == "u" ? O_WRONLY : O_RDONLY;
+  fd_ = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(m == "w" ? "cannot create" : "cannot open", path);
 }
 
 File::~File() {
@@ -68,6 +68,22 @@ void File::read_at(void* data, int64_t bytes, int64_t offset) const {
     bytes -= n;
     offset += n;
   }
+}
+
+void File::write_at(const void* data, int64_t bytes, int64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30)), offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("cannot write", path_);
+    p += n;
+    bytes -= n;
+    offset += n;
+  }
+}
+
+void File::resize(int64_t bytes) {
+  if (::ftruncate(fd_, bytes) != 0) fail("cannot resize", path_);
 }
 
 void File::sync() {

@@ -11,7 +11,8 @@ namespace dtensor::checkpoint::detail {
 // An open file descriptor, closed on destruction.
 class File {
  public:
-  // mode "r": read only; "w": created or truncated, write only.
+  // mode "r": read only; "w": created or truncated, write only; "u": an existing file,
+  // written in place.
   File(const std::string& path, const char* mode);
   ~File();
   File(const File&) = delete;
@@ -20,7 +21,9 @@ class File {
   int64_t size() const;
   void write_all(const void* data, int64_t bytes);
   void read_at(void* data, int64_t bytes, int64_t offset) const;
-  void sync();  // fsync
+  void write_at(const void* data, int64_t bytes, int64_t offset);
+  void resize(int64_t bytes);  // ftruncate
+  void sync();                 // fsync
   const std::string& path() const { return path_; }
 
  private:

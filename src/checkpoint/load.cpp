@@ -3,9 +3,11 @@
 // written (checkpoint.h). One exchange, at the end.
 #include <chrono>
 #include <filesystem>
+#include <functional>
 
 #include "checkpoint/exchange.h"
 #include "checkpoint/files.h"
+#include "checkpoint/load_entries.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/xxhash.h"
 #include "dtensor/autograd.h"
@@ -58,20 +60,20 @@ EntryKind target_kind(const Value& v) {
 bool is_tensor_kind(EntryKind k) { return k == EntryKind::DistTensor || k == EntryKind::Tensor; }
 
 // Checks a target against its saved entry and returns the box it needs (tensors).
-Box check_target(const std::string& name, const Value& target, const EntryRecord& saved) {
+Box check_target(const char* op, const std::string& name, const Value& target, const EntryRecord& saved) {
   const EntryKind want = target_kind(target);
   const bool compatible = is_tensor_kind(want) ? is_tensor_kind(saved.kind) : want == saved.kind;
-  DT_CHECK_ARG(compatible, kOp, "entry '", name, "': the target is ", kind_text(want), ", the checkpoint holds ",
+  DT_CHECK_ARG(compatible, op, "entry '", name, "': the target is ", kind_text(want), ", the checkpoint holds ",
                kind_text(saved.kind));
   if (const auto* d = std::get_if<DistTensor>(&target)) {
-    DT_CHECK_ARG(d->defined(), kOp, "entry '", name, "': the target DistTensor is undefined (it gives the layout)");
-    DT_CHECK_ARG(d->dtype() == saved.dtype && d->shape() == saved.shape, kOp, "entry '", name, "': the target is ",
+    DT_CHECK_ARG(d->defined(), op, "entry '", name, "': the target DistTensor is undefined (it gives the layout)");
+    DT_CHECK_ARG(d->dtype() == saved.dtype && d->shape() == saved.shape, op, "entry '", name, "': the target is ",
                  dtype_name(d->dtype()), " ", d->shape(), ", the checkpoint holds ", dtype_name(saved.dtype), " ",
                  saved.shape);
     return block_of(d->shape(), d->mesh().shape(), d->placements(), d->mesh().coordinate());
   }
   if (const auto* t = std::get_if<Tensor>(&target)) {
-    DT_CHECK_ARG(!t->defined() || (t->dtype() == saved.dtype && t->shape() == saved.shape), kOp, "entry '", name,
+    DT_CHECK_ARG(!t->defined() || (t->dtype() == saved.dtype && t->shape() == saved.shape), op, "entry '", name,
                  "': the target is ", dtype_name(t->dtype()), " ", t->shape(), ", the checkpoint holds ",
                  dtype_name(saved.dtype), " ", saved.shape);
     return full_box(saved.shape);
@@ -96,11 +98,11 @@ Tensor direct_destination(const Value& target) {
 }
 
 // Reads one file's chunk reads, verifying whole blocks when block_bytes > 0.
-void read_file_chunks(const std::string& dir, const FileRecord& file, std::vector<ChunkRead*>& reads,
+void read_file_chunks(const char* op, const std::string& dir, const FileRecord& file, std::vector<ChunkRead*>& reads,
                       int64_t block_bytes, LoadStats& stats) {
   const File f(dir + "/" + file.name, "r");
   const int64_t size = f.size();
-  DT_CHECK_ARG(size == file.bytes, kOp, "\"", f.path(), "\" has ", size, " bytes, the manifest says ", file.bytes,
+  DT_CHECK_ARG(size == file.bytes, op, "\"", f.path(), "\" has ", size, " bytes, the manifest says ", file.bytes,
                " (truncated or replaced)");
   stats.files_read.push_back(file.name);
   std::vector<unsigned char> scratch;
@@ -130,7 +132,7 @@ void read_file_chunks(const std::string& dir, const FileRecord& file, std::vecto
           const int64_t n = std::min(block_bytes, chunk_bytes - at);
           const uint64_t sum = xxh64(into + (at - range.begin), static_cast<size_t>(n));
           const int64_t block = at / block_bytes;
-          DT_CHECK_ARG(sum == chunk.checksums[static_cast<size_t>(block)], kOp, "\"", f.path(), "\", entry '",
+          DT_CHECK_ARG(sum == chunk.checksums[static_cast<size_t>(block)], op, "\"", f.path(), "\", entry '",
                        read->target->name, "': checksum mismatch in block ", block, " (file bytes ", chunk.begin + at,
                        "-", chunk.begin + at + n, "): the file is corrupted");
         }
@@ -191,17 +193,19 @@ Manifest read_manifest(const std::string& dir) {
   return out;
 }
 
-LoadStats load(const std::string& dir, StateDict& state, const Group& group, const LoadOptions& options) {
-  DT_CHECK_ARG(group.defined(), kOp, "the group is undefined");
+namespace detail {
+
+LoadStats load_entries(const char* op, const std::string& dir, const std::string& source,
+                       const std::function<ManifestData()>& read_entries, StateDict& state, const Group& group,
+                       const LoadOptions& options) {
+  DT_CHECK_ARG(group.defined(), op, "the group is undefined");
   const auto start = std::chrono::steady_clock::now();
   LoadStats stats;
   ManifestData manifest;
   std::vector<Staged> staged;
   Outcome mine = Outcome::ok("");
   try {
-    const std::string path = dir + "/manifest.json";
-    DT_CHECK_ARG(fs::exists(path), kOp, "\"", dir, "\" holds no checkpoint (no manifest.json)");
-    manifest = parse_manifest(read_file(path), path);
+    manifest = read_entries();
     // Plan: every target's box, the chunks it meets, grouped by file.
     staged.reserve(state.size());
     for (const auto& [name, target] : state) {
@@ -211,7 +215,7 @@ LoadStats load(const std::string& dir, StateDict& state, const Group& group, con
         continue;
       }
       const EntryRecord& saved = it->second;
-      const Box box = check_target(name, target, saved);
+      const Box box = check_target(op, name, target, saved);
       if (is_tensor_kind(saved.kind)) {
         const Tensor direct = options.staged ? Tensor() : direct_destination(target);
         staged.push_back({name, &saved, box, direct.defined() ? direct : Tensor::empty(box_shape(box), saved.dtype)});
@@ -222,7 +226,7 @@ LoadStats load(const std::string& dir, StateDict& state, const Group& group, con
       for (size_t i = 0; i < stats.missing.size() && i < 5; ++i) names += (i ? ", '" : "'") + stats.missing[i] + "'";
       if (stats.missing.size() > 5) names += ", ... (" + std::to_string(stats.missing.size()) + " in all)";
       throw std::invalid_argument(
-          ::dtensor::detail::concat("[", kOp, "] \"", dir, "\" has no entry ", names,
+          ::dtensor::detail::concat("[", op, "] \"", source, "\" has no entry ", names,
                                     " (LoadOptions::allow_missing keeps such targets as they are)"));
     }
     std::vector<ChunkRead> reads;
@@ -237,7 +241,7 @@ LoadStats load(const std::string& dir, StateDict& state, const Group& group, con
     std::map<int64_t, std::vector<ChunkRead*>> by_file;
     for (ChunkRead& r : reads) by_file[r.chunk->file].push_back(&r);
     for (auto& [file, file_reads] : by_file) {
-      read_file_chunks(dir, manifest.files[static_cast<size_t>(file)], file_reads,
+      read_file_chunks(op, dir, manifest.files[static_cast<size_t>(file)], file_reads,
                        options.verify ? manifest.block_bytes : 0, stats);
     }
   } catch (...) {
@@ -247,6 +251,17 @@ LoadStats load(const std::string& dir, StateDict& state, const Group& group, con
   commit(state, staged, manifest);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;
+}
+
+}  // namespace detail
+
+LoadStats load(const std::string& dir, StateDict& state, const Group& group, const LoadOptions& options) {
+  const auto read_entries = [&] {
+    const std::string path = dir + "/manifest.json";
+    DT_CHECK_ARG(fs::exists(path), kOp, "\"", dir, "\" holds no checkpoint (no manifest.json)");
+    return parse_manifest(read_file(path), path);
+  };
+  return load_entries(kOp, dir, dir, read_entries, state, group, options);
 }
 
 }  // namespace dtensor::checkpoint

@@ -1,0 +1,19 @@
+// The load of checkpoint::load and checkpoint::import_safetensors (internal): the
+// entries of `read_entries()` (a checkpoint's manifest, or a safetensors file's header
+// as one-chunk entries without checksums) read into `state`'s targets from files in
+// `dir`. Errors name `op` and, for missing entries, `source`.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "checkpoint/manifest.h"
+#include "dtensor/checkpoint.h"
+
+namespace dtensor::checkpoint::detail {
+
+LoadStats load_entries(const char* op, const std::string& dir, const std::string& source,
+                       const std::function<ManifestData()>& read_entries, StateDict& state, const Group& group,
+                       const LoadOptions& options);
+
+}  // namespace dtensor::checkpoint::detail
