@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "dtensor/device.h"
@@ -70,6 +71,11 @@ class ScopedMemoryCounters {
 class Storage {
  public:
   Storage(size_t bytes, Device device);
+  // Memory allocated by someone else (a DLPack import): `release` runs once, when
+  // the storage is destroyed or release_memory() is called, and must return the
+  // memory to its owner without throwing. Not charged to the memory counters.
+  // `data` may be null when `bytes` is 0.
+  Storage(void* data, size_t bytes, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -84,6 +90,7 @@ class Storage {
   // still holds views of them, and gathers into the restored block before backward.
   void release_memory();
   // Allocates the block again (contents undefined); nothing to do when it holds memory.
+  // Foreign memory, once released, is replaced by a block of dtensor's own.
   void restore_memory();
   bool holds_memory() const { return data_ != nullptr || bytes_ == 0; }
 
@@ -92,6 +99,7 @@ class Storage {
   size_t bytes_ = 0;
   Device device_;
   std::shared_ptr<MemoryCounter> counter_;
+  std::function<void()> release_foreign_;  // set while data_ is foreign memory
 };
 
 }  // namespace dtensor

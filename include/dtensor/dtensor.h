@@ -13,6 +13,7 @@
 #include "dtensor/device.h"
 #include "dtensor/device_mesh.h"
 #include "dtensor/dist_tensor.h"
+#include "dtensor/dlpack.h"
 #include "dtensor/dtype.h"
 #include "dtensor/error.h"
 #include "dtensor/format.h"

@@ -57,9 +57,20 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   counter_->add(static_cast<int64_t>(bytes));
 }
 
+Storage::Storage(void* data, size_t bytes, Device device, std::function<void()> release)
+    : data_(data), bytes_(bytes), device_(device), release_foreign_(std::move(release)) {}
+
 Storage::~Storage() { release_memory(); }
 
 void Storage::release_memory() {
+  if (release_foreign_) {
+    // Cleared before the call so that it runs once, even for an empty block (data_ null).
+    std::function<void()> release = std::move(release_foreign_);
+    release_foreign_ = nullptr;
+    data_ = nullptr;
+    release();
+    return;
+  }
   if (!data_) return;
   backend::device_free(device_, data_, bytes_);
   counter_->remove(static_cast<int64_t>(bytes_));

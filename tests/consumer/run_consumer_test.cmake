@@ -26,12 +26,17 @@ file(GLOB static_archive ${prefix}/lib*/libdtensor.a)
 file(GLOB shared_library ${prefix}/lib*/libdtensor.so)
 message(STATUS "installed: ${static_archive}${shared_library}")
 
-# The installed headers define no macro outside DTENSOR_ for users' code.
+# The installed headers define no macro outside DTENSOR_ for users' code, except
+# dlpack_abi.h, which defines DLPack's own macros exactly as <dlpack/dlpack.h> does.
 file(GLOB_RECURSE headers ${prefix}/include/dtensor/*.h)
 foreach(header ${headers})
+  set(allowed "DTENSOR_")
+  if(header MATCHES "/dlpack_abi\\.h$")
+    set(allowed "(DTENSOR|DLPACK)_")
+  endif()
   file(STRINGS ${header} defines REGEX "^[ \t]*#[ \t]*define[ \t]+")
   foreach(line ${defines})
-    if(NOT line MATCHES "^[ \t]*#[ \t]*define[ \t]+DTENSOR_")
+    if(NOT line MATCHES "^[ \t]*#[ \t]*define[ \t]+${allowed}")
       message(FATAL_ERROR "${header} defines a macro without the DTENSOR_ prefix: ${line}")
     endif()
   endforeach()
