@@ -11,7 +11,7 @@ build=$1
 seconds=${2:-60}
 artifacts=$build/fuzz-artifacts
 mkdir -p "$artifacts"
-targets=(fuzz_placements fuzz_mesh_spec fuzz_config fuzz_redistribute)
+targets=(fuzz_placements fuzz_mesh_spec fuzz_config fuzz_redistribute fuzz_checkpoint)
 run() {
   local target=$1 scratch
   scratch=$(mktemp -d)

@@ -37,7 +37,7 @@ if [ "$which" = all ] || [ "$which" = asan ]; then
   else
     targets=(test_comm_threads test_comm_faults test_device_mesh test_redistribute test_cross_mesh test_dist_create
              test_local_map test_tensor test_views test_nn_kernels
-             fuzz_placements fuzz_mesh_spec fuzz_config fuzz_redistribute)
+             fuzz_placements fuzz_mesh_spec fuzz_config fuzz_redistribute fuzz_checkpoint)
     # The MPI programs where the build has MPI.
     grep -q '^build test_comm_mpi:' build-asan/build.ninja && targets+=(test_comm_mpi test_dist_mpi mpi_faults)
     cmake --build build-asan -j "$jobs" --target "${targets[@]}"

@@ -16,6 +16,7 @@
 
 #include "dtensor/dtype.h"
 #include "dtensor/error.h"
+#include "dtensor/tensor.h"
 
 namespace dtensor::checkpoint::detail {
 
