@@ -159,16 +159,7 @@ AsyncSaveStats AsyncSaver::save(const std::string& dir, const StateDict& state, 
 
   SaveInput input = take_save_input(state, group, /*copy=*/true);
   for (const auto& [name, t] : input.pieces) stats.bytes_copied += static_cast<int64_t>(t.nbytes());
-  Outcome mine = input.described;
-  if (rank == 0 && !mine.failed()) {
-    try {
-      prepare_directory(dir, options.overwrite);
-    } catch (...) {
-      mine = Outcome::current_failure();
-    }
-  }
-  const std::vector<Outcome> given = exchange(group, mine);
-  throw_first_failure(given, rank);
+  const std::vector<Outcome> given = exchange_descriptions(dir, input, group, options.overwrite);
   // Every rank resolves alike (a disagreement throws on every rank, before any thread).
   std::map<std::string, Resolved> resolved;
   try {

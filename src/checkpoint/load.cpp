@@ -47,21 +47,9 @@ const char* kind_text(EntryKind kind) {
   }
 }
 
-EntryKind target_kind(const Value& v) {
-  switch (v.index()) {
-    case 0: return EntryKind::DistTensor;
-    case 1: return EntryKind::Tensor;
-    case 2: return EntryKind::Int;
-    case 3: return EntryKind::Float;
-    default: return EntryKind::String;
-  }
-}
-
-bool is_tensor_kind(EntryKind k) { return k == EntryKind::DistTensor || k == EntryKind::Tensor; }
-
 // Checks a target against its saved entry and returns the box it needs (tensors).
 Box check_target(const char* op, const std::string& name, const Value& target, const EntryRecord& saved) {
-  const EntryKind want = target_kind(target);
+  const EntryKind want = entry_kind_of(target);
   const bool compatible = is_tensor_kind(want) ? is_tensor_kind(saved.kind) : want == saved.kind;
   DT_CHECK_ARG(compatible, op, "entry '", name, "': the target is ", kind_text(want), ", the checkpoint holds ",
                kind_text(saved.kind));

@@ -24,8 +24,6 @@ constexpr std::pair<EntryKind, std::string_view> kKinds[] = {
     {EntryKind::String, "string"},
 };
 
-bool is_tensor(EntryKind kind) { return kind == EntryKind::DistTensor || kind == EntryKind::Tensor; }
-
 json float_to_json(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
@@ -109,6 +107,13 @@ int64_t EntryRecord::chunk_bytes(const ChunkRecord& c) const {
   return box_numel(c.box) * static_cast<int64_t>(dtype_size(dtype));
 }
 
+EntryKind entry_kind_of(const Value& value) {
+  // The order of the alternatives in checkpoint::Value.
+  constexpr EntryKind kinds[] = {EntryKind::DistTensor, EntryKind::Tensor, EntryKind::Int, EntryKind::Float,
+                                 EntryKind::String};
+  return kinds[value.index()];
+}
+
 std::string_view entry_kind_name(EntryKind kind) {
   for (const auto& [k, name] : kKinds) {
     if (k == kind) return name;
@@ -122,7 +127,7 @@ std::string manifest_to_json(const ManifestData& m) {
   json entries = json::object();
   for (const auto& [name, e] : m.entries) {
     json j = {{"kind", entry_kind_name(e.kind)}};
-    if (is_tensor(e.kind)) {
+    if (is_tensor_kind(e.kind)) {
       j["dtype"] = dtype_name(e.dtype);
       j["shape"] = e.shape;
       if (e.kind == EntryKind::DistTensor) {
@@ -196,7 +201,7 @@ ManifestData parse_manifest(std::string_view text, const std::string& source) {
       }
     }
     DT_CHECK_ARG(known, kOp, f.where(), ": unknown kind \"", kind, "\"");
-    if (is_tensor(e.kind)) {
+    if (is_tensor_kind(e.kind)) {
       try {
         e.dtype = parse_dtype(f.string("dtype"));
       } catch (const std::invalid_argument&) {
@@ -261,7 +266,7 @@ EntryInfo entry_info(const EntryRecord& record) {
   info.mesh = record.mesh;
   info.placements = record.placements;
   info.chunks = static_cast<int64_t>(record.chunks.size());
-  if (!is_tensor(record.kind)) info.value = record.value;
+  if (!is_tensor_kind(record.kind)) info.value = record.value;
   return info;
 }
 

@@ -60,6 +60,9 @@ struct ManifestData {
 };
 
 std::string_view entry_kind_name(EntryKind kind);  // "dist_tensor", "tensor", "int", "float", "string"
+// The kind of a state's value (its variant alternative).
+EntryKind entry_kind_of(const Value& value);
+inline bool is_tensor_kind(EntryKind kind) { return kind == EntryKind::DistTensor || kind == EntryKind::Tensor; }
 
 std::string manifest_to_json(const ManifestData& manifest);
 ManifestData parse_manifest(std::string_view json, const std::string& source);

@@ -34,17 +34,9 @@ SaveStats save(const std::string& dir, const StateDict& state, const Group& grou
   // Collective per mesh: the pieces this rank may write (Partial dims reduced).
   SaveInput input = take_save_input(state, group, /*copy=*/false);
 
-  // 1. What every rank gives; rank 0 prepares <dir>.tmp meanwhile.
-  Outcome mine = input.described;
-  if (rank == 0 && !mine.failed()) {
-    try {
-      prepare_directory(dir, options.overwrite);
-    } catch (...) {
-      mine = Outcome::current_failure();
-    }
-  }
-  const std::vector<Outcome> given = exchange(group, mine);
-  throw_first_failure(given, rank);
+  // 1. What every rank gives; rank 0 prepares <dir>.tmp first.
+  const std::vector<Outcome> given = exchange_descriptions(dir, input, group, options.overwrite);
+  Outcome mine;
 
   // 2. Every rank resolves alike, writes its chunks, reports them.
   std::map<std::string, Resolved> resolved;

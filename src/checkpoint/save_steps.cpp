@@ -64,18 +64,6 @@ Value value_from_json(EntryKind kind, const json& j) {
   return j.get<std::string>();
 }
 
-EntryKind kind_of(const Value& v) {
-  switch (v.index()) {
-    case 0: return EntryKind::DistTensor;
-    case 1: return EntryKind::Tensor;
-    case 2: return EntryKind::Int;
-    case 3: return EntryKind::Float;
-    default: return EntryKind::String;
-  }
-}
-
-bool is_tensor_kind(EntryKind kind) { return kind == EntryKind::DistTensor || kind == EntryKind::Tensor; }
-
 Tensor host_copy(const Tensor& t, bool copy);
 
 // The tensors this rank writes, ready on the host: Partial mesh dims reduced first.
@@ -116,7 +104,7 @@ Tensor host_copy(const Tensor& t, bool copy) {
 std::string describe(const StateDict& state, const Group& group) {
   json entries = json::array();
   for (const auto& [name, value] : state) {
-    json e = {{"name", name}, {"kind", entry_kind_name(kind_of(value))}};
+    json e = {{"name", name}, {"kind", entry_kind_name(entry_kind_of(value))}};
     if (const auto* d = std::get_if<DistTensor>(&value)) {
       DT_CHECK_ARG(d->defined(), kOp, "entry '", name, "' is an undefined DistTensor");
       DT_CHECK_ARG(d->mesh().world() == group, kOp, "entry '", name, "' lives on mesh ", d->mesh().to_string(),
@@ -340,6 +328,21 @@ void prepare_directory(const std::string& dir, bool overwrite) {
   const std::string tmp = dir + ".tmp";
   fs::remove_all(tmp);  // a crashed save's leftovers
   fs::create_directories(tmp);
+}
+
+std::vector<Outcome> exchange_descriptions(const std::string& dir, const SaveInput& input, const Group& group,
+                                           bool overwrite) {
+  Outcome mine = input.described;
+  if (group.rank() == 0 && !mine.failed()) {
+    try {
+      prepare_directory(dir, overwrite);
+    } catch (...) {
+      mine = Outcome::current_failure();
+    }
+  }
+  std::vector<Outcome> given = exchange(group, mine);
+  throw_first_failure(given, group.rank());
+  return given;
 }
 
 void remove_temporary(const std::string& dir) {

@@ -41,6 +41,10 @@ struct Resolved {
 std::map<std::string, Resolved> resolve_given(const std::vector<Outcome>& given);
 
 void prepare_directory(const std::string& dir, bool overwrite);
+// Exchange 1 (collective): every rank's description, rank 0 having prepared <dir>.tmp
+// first; throws the first failure on every rank.
+std::vector<Outcome> exchange_descriptions(const std::string& dir, const SaveInput& input, const Group& group,
+                                           bool overwrite);
 // "<dir>.tmp" removed, errors ignored (after a failed save).
 void remove_temporary(const std::string& dir);
 
