@@ -40,10 +40,11 @@ class Fields {
     DT_CHECK_ARG(object_.contains(key), kOp, where_, ": missing \"", key, "\"");
     return object_[key];
   }
-  int64_t integer(const char* key, int64_t min = 0) const {
+  // In [min, max]: byte counts and offsets stay far from overflowing when added.
+  int64_t integer(const char* key, int64_t min = 0, int64_t max = int64_t{1} << 60) const {
     const json& v = at(key);
-    DT_CHECK_ARG(v.is_number_integer() && v.get<int64_t>() >= min, kOp, where_, ": \"", key,
-                 "\" must be an integer >= ", min);
+    DT_CHECK_ARG(v.is_number_integer() && v.get<int64_t>() >= min && v.get<int64_t>() <= max, kOp, where_, ": \"", key,
+                 "\" must be an integer in [", min, ", ", max, "]");
     return v.get<int64_t>();
   }
   std::string string(const char* key) const {
@@ -175,7 +176,7 @@ ManifestData parse_manifest(std::string_view text, const std::string& source) {
   DT_CHECK_ARG(top.string("checksum") == "xxh64", kOp, source, ": unknown \"checksum\" (expected \"xxh64\")");
   ManifestData m;
   m.world_size = top.integer("world_size", 1);
-  m.block_bytes = top.integer("block_bytes", 1);
+  m.block_bytes = top.integer("block_bytes", 1, int64_t{1} << 40);
   const json& files = top.at("files");
   DT_CHECK_ARG(files.is_array(), kOp, source, ": \"files\" must be an array");
   for (size_t i = 0; i < files.size(); ++i) {
@@ -209,6 +210,14 @@ ManifestData parse_manifest(std::string_view text, const std::string& source) {
             ::dtensor::detail::concat("[", kOp, "] ", f.where(), ": unknown dtype \"", f.string("dtype"), "\""));
       }
       e.shape = f.integers("shape");
+      // Elements at most 2^56 (checked before each product: no overflow for any input),
+      // so every chunk's byte count fits with room to spare.
+      int64_t numel = 1;
+      for (int64_t size : e.shape) {
+        DT_CHECK_ARG(size == 0 || numel <= (int64_t{1} << 56) / size, kOp, f.where(), ": shape ", e.shape,
+                     " is too large");
+        numel *= size;
+      }
       if (e.kind == EntryKind::DistTensor) {
         e.mesh = f.string("mesh");
         e.placements = f.string("placements");

@@ -98,8 +98,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, int64_t file_b
       DT_CHECK_ARG(s.is_number_unsigned() && s.get<uint64_t>() < (1ULL << 48), kOp, where,
                    ": shape entries must be non-negative integers");
       t.shape.push_back(s.get<int64_t>());
-      numel = t.shape.back() == 0 || numel == 0 ? 0 : numel * t.shape.back();
-      DT_CHECK_ARG(numel < (int64_t{1} << 56), kOp, where, ": shape ", t.shape, " is too large");
+      // Checked before multiplying: no overflow for any input.
+      constexpr int64_t kMaxElements = int64_t{1} << 56;
+      DT_CHECK_ARG(t.shape.back() == 0 || numel <= kMaxElements / t.shape.back(), kOp, where, ": shape ", t.shape,
+                   " is too large");
+      numel *= t.shape.back();
     }
     for (const auto& o : value["data_offsets"]) {
       DT_CHECK_ARG(o.is_number_unsigned() && o.get<uint64_t>() < (1ULL << 60), kOp, where,
