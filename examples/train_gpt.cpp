@@ -65,6 +65,7 @@ struct Settings {
   std::string timeline, save;
   std::string save_dir, resume;  // checkpoints of the whole training state
   std::string export_path;       // the parameters as one safetensors file
+  std::string init_from;         // ... and the file to start from
   int64_t save_every = 0, keep = 0;
   bool async_save = false;
   int64_t fsdp = 0;
@@ -220,6 +221,7 @@ Settings read_settings(const TrainConfig& o) {
   s.async_save = o.async_save;
   s.resume = o.resume;
   s.export_path = o.export_path;
+  s.init_from = o.init_from;
   if (s.save_every < 0 || s.keep < 0) {
     throw std::invalid_argument("--save-every and --keep: expected 0 or more, got " + std::to_string(s.save_every) +
                                 " and " + std::to_string(s.keep));
@@ -347,6 +349,31 @@ std::string checkpoint_to_resume(const std::string& resume) {
   return latest ? series.path_of(*latest) : "";
 }
 
+// Every parameter of the modules once by name (the tied head's copy on a last pipeline
+// stage has the embedding's name); a name met again on this rank (a tied copy on a
+// rank holding both stages) is returned in `copies`.
+checkpoint::StateDict named_parameters(const std::vector<nn::Module*>& modules,
+                                       std::vector<std::pair<std::string, DistTensor>>* copies = nullptr) {
+  checkpoint::StateDict parameters;
+  for (nn::Module* m : modules) {
+    for (const auto& [name, p] : m->named_parameters()) {
+      if (!parameters.emplace(name, p).second && copies) copies->emplace_back(name, p);
+    }
+  }
+  return parameters;
+}
+
+// --init-from: the parameters from a safetensors file, each rank reading its pieces.
+void init_from_file(const std::string& path, const std::vector<nn::Module*>& modules, const Group& world) {
+  std::vector<std::pair<std::string, DistTensor>> copies;
+  checkpoint::StateDict parameters = named_parameters(modules, &copies);
+  checkpoint::import_safetensors(path, parameters, world);
+  for (const auto& [name, copy] : copies) {
+    Tensor(copy.to_local()).copy_(std::get<DistTensor>(parameters.at(name)).to_local());
+  }
+  for (nn::Module* m : modules) m->notify_state_loaded();  // FSDP refreshes its gathered copies
+}
+
 // One rank's training loop: the model (whole, or this rank's pipeline stages), its
 // tensor and data parallelism, AdamW, the log on rank 0.
 void train(Group world, const Settings& s, const TokenDataset& data) {
@@ -467,8 +494,13 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       std::printf("resumed from %s: %lld of %lld steps done\n", resume_from.c_str(), static_cast<long long>(state.step),
                   static_cast<long long>(s.steps));
     }
-  } else if (leader && !s.resume.empty()) {
-    std::printf("no checkpoint under %s yet: starting from step 1\n", s.resume.c_str());
+  } else {
+    if (leader && !s.resume.empty())
+      std::printf("no checkpoint under %s yet: starting from step 1\n", s.resume.c_str());
+    if (!s.init_from.empty()) {
+      init_from_file(s.init_from, state.modules, world);
+      if (leader) std::printf("parameters from %s\n", s.init_from.c_str());
+    }
   }
   std::optional<checkpoint::CheckpointDir> checkpoints;
   if (!s.save_dir.empty()) checkpoints.emplace(s.save_dir, static_cast<int>(s.keep));
@@ -493,13 +525,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   }
   if (saver) saver->wait();  // the last checkpoint committed (or its error) before the summary
   if (!s.export_path.empty()) {
-    // Every parameter once (the tied head's copy on a last pipeline stage included:
-    // it has the embedding's name), written where it lies, nothing gathered.
-    checkpoint::StateDict parameters;
-    for (nn::Module* m : state.modules) {
-      for (const auto& [name, p] : m->named_parameters()) parameters.emplace(name, p);
-    }
-    checkpoint::export_safetensors(s.export_path, parameters, world,
+    // Every parameter once, written where it lies, nothing gathered.
+    checkpoint::export_safetensors(s.export_path, named_parameters(state.modules), world,
                                    {.metadata = model_metadata(config, s, data), .overwrite = true});
     if (leader) std::printf("parameters: %s (safetensors)\n", s.export_path.c_str());
   }

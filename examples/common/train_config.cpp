@@ -75,6 +75,9 @@ const std::vector<TrainKey>& train_keys() {
       {"resume", &C::resume,
        "continue from the newest checkpoint under this directory (or from this checkpoint directory), on any --mesh; "
        "starts from step 1 when there is none yet"},
+      {"init-from", &C::init_from,
+       "start from the parameters in this safetensors file (the model's names; written by --export, PyTorch, ...), "
+       "on any --mesh; ignored when --resume finds a checkpoint"},
       {"export", &C::export_path,
        "write the trained parameters as one safetensors file (the model's names; any safetensors reader opens it)"},
       {"out", &C::out, "loss curve CSV (an SVG chart is written beside it)"},

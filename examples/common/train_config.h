@@ -63,6 +63,7 @@ struct TrainConfig {
   bool async_save = false;
   std::string resume;
   std::string export_path;
+  std::string init_from;
   std::string out = "train_gpt_loss.csv";
   std::string log = "auto";
 };
