@@ -24,8 +24,7 @@ std::string printf_string(const char* format, double value) {
 
 }  // namespace
 
-TrainLog::TrainLog(int64_t total_steps, Mode mode, std::FILE* out)
-    : total_steps_(total_steps), out_(out) {
+TrainLog::TrainLog(int64_t total_steps, Mode mode, std::FILE* out) : total_steps_(total_steps), out_(out) {
   if (total_steps < 0) {
     throw std::invalid_argument("[TrainLog] expected total_steps >= 0, got " + std::to_string(total_steps));
   }
@@ -41,8 +40,8 @@ std::string TrainLog::format_line(const StepStats& s) const {
                 static_cast<long long>(total_steps_));
   os << head << " | loss " << printf_string("%.4f", s.loss);
   if (s.lr) os << " | lr " << printf_string("%.2e", *s.lr);
-  os << " | " << format_count(s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : NAN)
-     << " tok/s | " << printf_string("%.1f", s.seconds * 1e3) << " ms";
+  os << " | " << format_count(s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : NAN) << " tok/s | "
+     << printf_string("%.1f", s.seconds * 1e3) << " ms";
   if (!s.peak_memory_bytes.empty()) {
     os << " | peak mem";
     for (size_t r = 0; r < s.peak_memory_bytes.size(); ++r) {
@@ -85,8 +84,8 @@ std::string TrainLog::summary() const {
   std::ostringstream os;
   os << "done: " << history_.size() << " steps in " << printf_string("%.2f", seconds) << " s | loss "
      << printf_string("%.4f", history_.front().loss) << " -> " << printf_string("%.4f", history_.back().loss)
-     << " (best " << printf_string("%.4f", history_[best].loss) << " at step " << history_[best].step + 1
-     << ") | " << format_count(seconds > 0 ? static_cast<double>(tokens) / seconds : NAN) << " tok/s";
+     << " (best " << printf_string("%.4f", history_[best].loss) << " at step " << history_[best].step + 1 << ") | "
+     << format_count(seconds > 0 ? static_cast<double>(tokens) / seconds : NAN) << " tok/s";
   // Peak memory per rank over the whole run.
   std::vector<int64_t> peaks;
   for (const StepStats& s : history_) {
@@ -177,8 +176,8 @@ void TrainLog::write_svg(const std::string& path, const std::string& title) cons
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
      << "\" viewBox=\"0 0 " << kWidth << " " << kHeight << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-     << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">"
-     << xml_escape(title) << "</text>\n";
+     << "<text x=\"" << kWidth / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"16\">" << xml_escape(title)
+     << "</text>\n";
   // Grid lines and tick labels.
   for (double t : x_ticks) {
     os << "<line x1=\"" << px(t) << "\" y1=\"" << kTop << "\" x2=\"" << px(t) << "\" y2=\"" << kTop + plot_h
@@ -187,8 +186,8 @@ void TrainLog::write_svg(const std::string& path, const std::string& title) cons
   }
   for (double t : y_ticks) {
     os << "<line x1=\"" << kLeft << "\" y1=\"" << py(t) << "\" x2=\"" << kLeft + plot_w << "\" y2=\"" << py(t)
-       << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << kLeft - 8 << "\" y=\"" << py(t) + 4
-       << "\" text-anchor=\"end\">" << tick_label(t) << "</text>\n";
+       << "\" stroke=\"#e0e0e0\"/>\n<text x=\"" << kLeft - 8 << "\" y=\"" << py(t) + 4 << "\" text-anchor=\"end\">"
+       << tick_label(t) << "</text>\n";
   }
   // Axes and their labels.
   os << "<line x1=\"" << kLeft << "\" y1=\"" << kTop + plot_h << "\" x2=\"" << kLeft + plot_w << "\" y2=\""

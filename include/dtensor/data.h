@@ -34,13 +34,13 @@ class DistributedSampler {
   // grad_accum splits each rank's slice into that many micro-batches (micro_batch()).
   // Throws when global_batch is not divisible by dp_size * grad_accum, when dp_rank is
   // outside [0, dp_size), or when the dataset is smaller than one global batch.
-  DistributedSampler(int64_t dataset_size, int64_t global_batch, int64_t dp_rank, int64_t dp_size,
-                     uint64_t seed, bool shuffle = true, int64_t grad_accum = 1);
+  DistributedSampler(int64_t dataset_size, int64_t global_batch, int64_t dp_rank, int64_t dp_size, uint64_t seed,
+                     bool shuffle = true, int64_t grad_accum = 1);
 
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
   int64_t steps_per_epoch() const { return dataset_size_ / global_batch_; }
-  int64_t local_batch() const { return global_batch_ / dp_size_; }   // per rank per step
+  int64_t local_batch() const { return global_batch_ / dp_size_; }  // per rank per step
   int64_t micro_batch_size() const { return local_batch() / grad_accum_; }
   int64_t dataset_size() const { return dataset_size_; }
   int64_t global_batch() const { return global_batch_; }
@@ -83,9 +83,9 @@ struct TokenBatch {
 class TokenDataset {
  public:
   virtual ~TokenDataset() = default;
-  virtual int64_t size() const = 0;        // number of samples
+  virtual int64_t size() const = 0;  // number of samples
   virtual int64_t vocab_size() const = 0;
-  virtual int64_t seq_len() const = 0;     // T
+  virtual int64_t seq_len() const = 0;  // T
   // The samples at `indices` (each in [0, size())), in that order.
   TokenBatch get_batch(const std::vector<int64_t>& indices) const;
 

@@ -35,7 +35,6 @@ std::string type_name(const nn::Module& module) {
   return colon == std::string::npos ? name : name.substr(colon + 2);
 }
 
-
 thread_local std::map<const nn::Module*, std::weak_ptr<ParamGroup>> registry;  // per rank
 
 std::shared_ptr<ParamGroup> group_of(const nn::Module* module) {
@@ -115,8 +114,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
                ": option reshard_after_forward needs stage 3 (stages 1 and 2 keep the gathered parameters), got stage ",
                options.stage);
   for (const std::optional<DType>& d : {options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype}) {
-    DT_CHECK_ARG(!d || is_floating(*d), kOp, label, ": mixed precision dtypes must be floating, got ",
-                 dtype_name(*d));
+    DT_CHECK_ARG(!d || is_floating(*d), kOp, label, ": mixed precision dtypes must be floating, got ", dtype_name(*d));
   }
   auto group = std::make_shared<ParamGroup>();
   ParamGroup& g = *group;
@@ -142,9 +140,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
                  "' on ", first.mesh().to_string(), ", '", name, "' on ", p.mesh().to_string());
     if (!(p.mesh() == mesh)) {
       const bool same_world = p.mesh().world() == mesh.world();
-      throw std::invalid_argument(std::string("[") + kOp + "] " + label + ": parameter '" + name +
-                                  "' lives on mesh " + p.mesh().to_string() + ", the mesh given is " +
-                                  mesh.to_string() +
+      throw std::invalid_argument(std::string("[") + kOp + "] " + label + ": parameter '" + name + "' lives on mesh " +
+                                  p.mesh().to_string() + ", the mesh given is " + mesh.to_string() +
                                   (same_world ? " (fully_shard needs the parameters' own mesh)"
                                               : " over another world (fully_shard needs the parameters' own mesh)"));
     }
@@ -224,7 +221,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
   g.context = context;
 
   // The module's hooks own the group (the handle returned is optional to keep).
-  g.hooks.push_back(module.register_forward_pre_hook([group](nn::Module&, const DistTensor&) { detail::pre_forward(group); }));
+  g.hooks.push_back(
+      module.register_forward_pre_hook([group](nn::Module&, const DistTensor&) { detail::pre_forward(group); }));
   g.hooks.push_back(module.register_forward_post_hook(
       [group](nn::Module&, const DistTensor&, const DistTensor& out) { return detail::post_forward(group, out); }));
   // Parameters written in place from outside (a checkpoint load, Module::load_state_dict):
@@ -302,7 +300,9 @@ void FSDPModule::finish_gradient_sync() {
   detail::progress_reductions(*g.context, true);
 }
 
-FSDPModule::NoSync::NoSync(const FSDPModule& module) : group_(module.group_) { FSDPModule(group_).set_accumulating(true); }
+FSDPModule::NoSync::NoSync(const FSDPModule& module) : group_(module.group_) {
+  FSDPModule(group_).set_accumulating(true);
+}
 FSDPModule::NoSync::~NoSync() { FSDPModule(group_).set_accumulating(false); }
 
 const FSDPStats& FSDPModule::stats() const { return checked(group_, "FSDPModule").context->stats; }
@@ -325,9 +325,10 @@ void FSDPModule::load_state_dict(const std::map<std::string, DistTensor>& state)
     auto it = state.find(name);
     DT_CHECK_ARG(it != state.end(), "FSDPModule::load_state_dict", "missing parameter '", name, "'");
     const DistTensor& value = it->second;
-    DT_CHECK_ARG(value.shape() == p.shape(), "FSDPModule::load_state_dict", "parameter '", name,
-                 "': expected shape ", p.shape(), ", got ", value.shape());
-    const DistTensor moved = value.placements() == p.placements() ? value : value.redistribute(p.mesh(), p.placements());
+    DT_CHECK_ARG(value.shape() == p.shape(), "FSDPModule::load_state_dict", "parameter '", name, "': expected shape ",
+                 p.shape(), ", got ", value.shape());
+    const DistTensor moved =
+        value.placements() == p.placements() ? value : value.redistribute(p.mesh(), p.placements());
     Tensor(p.to_local()).copy_(moved.to_local());
     seen.insert(name);
   }

@@ -64,7 +64,8 @@ void assign_gradients(ParamGroup& g, ParamGroup::Bucket& b, const Tensor& out) {
       p.sharded.set_grad(grad);
       continue;
     }
-    const DistTensor moved = grad.placements() == existing.placements() ? grad : grad.redistribute(existing.placements());
+    const DistTensor moved =
+        grad.placements() == existing.placements() ? grad : grad.redistribute(existing.placements());
     p.sharded.set_grad(DistTensor::from_local(add(existing.to_local(), moved.to_local()), existing.mesh(),
                                               existing.placements(), existing.shape()));
   }
@@ -114,9 +115,7 @@ void progress_reductions(Context& ctx, bool all) {
   ctx.reductions = std::move(still);
 }
 
-
 void finish_backward(Context& ctx);
-
 
 void ensure_end_of_backward(const std::shared_ptr<Context>& ctx) {
   if (ctx->callback_queued) return;
@@ -273,7 +272,8 @@ std::optional<DistTensor> post_forward(const std::shared_ptr<ParamGroup>& gp, co
   // Recomputation inside backward: the module's backward follows at once.
   if (!autograd::in_backward() && g.reshard_after_forward()) g.reshard();
   if (!output.defined() || !autograd::needs_grad({output})) return std::nullopt;
-  std::vector<DistTensor> outs{DistTensor::from_local(output.to_local(), output.mesh(), output.placements(), output.shape())};
+  std::vector<DistTensor> outs{
+      DistTensor::from_local(output.to_local(), output.mesh(), output.placements(), output.shape())};
   autograd::record("fsdp_pre_backward", {output}, outs,
                    [weak = std::weak_ptr<ParamGroup>(gp)](const std::vector<DistTensor>& grads) {
                      if (auto group = weak.lock()) pre_backward(group);
@@ -355,8 +355,8 @@ std::vector<DistTensor> ParamGroup::gathered_params() const {
   out.reserve(params.size());
   for (const Param& p : params) {
     const Bucket& b = buckets[p.bucket];
-    out.push_back(DistTensor::from_local(b.layout.unsharded_view(b.unsharded, p.slot), mesh, p.unsharded,
-                                         p.sharded.shape()));
+    out.push_back(
+        DistTensor::from_local(b.layout.unsharded_view(b.unsharded, p.slot), mesh, p.unsharded, p.sharded.shape()));
   }
   return out;
 }

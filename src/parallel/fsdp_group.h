@@ -29,9 +29,9 @@ struct FSDPModule::ParamGroup {
   int64_t ranks = 1, rank = 0;
 
   struct Param {
-    std::string name;        // relative to the module
-    DistTensor sharded;      // the leaf the optimizer updates
-    Placements unsharded;    // the layout forward computes with (Replicate on the FSDP dims)
+    std::string name;      // relative to the module
+    DistTensor sharded;    // the leaf the optimizer updates
+    Placements unsharded;  // the layout forward computes with (Replicate on the FSDP dims)
     size_t bucket = 0, slot = 0;
   };
   std::vector<Param> params;
@@ -45,11 +45,11 @@ struct FSDPModule::ParamGroup {
     Tensor shard;                 // [R] the shards (the leaves view it)
     Tensor send;                  // [R] the shards in param_dtype (stage 3 with a cast)
     bool send_stale = true;
-    Tensor unsharded;             // [U] gathered parameters (memory released when resharded at stage 3)
-    Tensor gathered;              // [N * R] all-gather output in flight
+    Tensor unsharded;  // [U] gathered parameters (memory released when resharded at stage 3)
+    Tensor gathered;   // [N * R] all-gather output in flight
     Work gather;
-    Tensor grad_full;             // [N * R] packed gradients (kept at stage 1)
-    bool grad_holds_sum = false;  // grad_full holds gradients not yet reduced
+    Tensor grad_full;                         // [N * R] packed gradients (kept at stage 1)
+    bool grad_holds_sum = false;              // grad_full holds gradients not yet reduced
     std::vector<Placements> grad_placements;  // per member: the reduced gradient's layout
     std::vector<bool> has_grad;               // per member: a gradient arrived since the last reduction
   };

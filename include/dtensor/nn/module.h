@@ -96,8 +96,7 @@ class Module {
   // std::nullopt to keep what it saw; hooks returning void only observe. Tensor
   // parallel styles move inputs and outputs between layouts this way.
   using PreHook = std::function<std::optional<DistTensor>(Module&, const DistTensor& input)>;
-  using PostHook =
-      std::function<std::optional<DistTensor>(Module&, const DistTensor& input, const DistTensor& output)>;
+  using PostHook = std::function<std::optional<DistTensor>(Module&, const DistTensor& input, const DistTensor& output)>;
   template <class F>
   HookHandle register_forward_pre_hook(F&& hook) {
     if constexpr (std::is_void_v<std::invoke_result_t<F&, Module&, const DistTensor&>>) {

@@ -86,7 +86,7 @@ struct FSDPStats {
   int64_t all_gathers = 0;
   int64_t prefetched_all_gathers = 0;  // of those, started ahead of the module's use
   int64_t reduce_scatters = 0;
-  int64_t replica_all_reduces = 0;     // HSDP
+  int64_t replica_all_reduces = 0;         // HSDP
   double all_gather_wait_seconds = 0;      // time spent waiting for all-gathers
   double reduce_scatter_wait_seconds = 0;  // ... and for reduce-scatters (and replica all-reduces)
 };
