@@ -171,17 +171,15 @@ void commit(StateDict& state, std::vector<Staged>& staged, const ManifestData& m
 
 }  // namespace
 
-Manifest read_manifest(const std::string& dir) {
-  const std::string path = dir + "/manifest.json";
-  DT_CHECK_ARG(fs::exists(path), "checkpoint", "\"", dir, "\" holds no checkpoint (no manifest.json)");
-  const ManifestData m = parse_manifest(read_file(path), path);
-  Manifest out;
-  out.world_size = m.world_size;
-  for (const auto& [name, e] : m.entries) out.entries[name] = entry_info(e);
-  return out;
-}
+Manifest read_manifest(const std::string& dir) { return summarize(read_manifest_data(dir, "checkpoint")); }
 
 namespace detail {
+
+ManifestData read_manifest_data(const std::string& dir, const char* op) {
+  const std::string path = dir + "/manifest.json";
+  DT_CHECK_ARG(fs::exists(path), op, "\"", dir, "\" holds no checkpoint (no manifest.json)");
+  return parse_manifest(read_file(path), path);
+}
 
 LoadStats load_entries(const char* op, const std::string& dir, const std::string& source,
                        const std::function<ManifestData()>& read_entries, StateDict& state, const Group& group,
@@ -244,12 +242,8 @@ LoadStats load_entries(const char* op, const std::string& dir, const std::string
 }  // namespace detail
 
 LoadStats load(const std::string& dir, StateDict& state, const Group& group, const LoadOptions& options) {
-  const auto read_entries = [&] {
-    const std::string path = dir + "/manifest.json";
-    DT_CHECK_ARG(fs::exists(path), kOp, "\"", dir, "\" holds no checkpoint (no manifest.json)");
-    return parse_manifest(read_file(path), path);
-  };
-  return load_entries(kOp, dir, dir, read_entries, state, group, options);
+  return load_entries(
+      kOp, dir, dir, [&] { return read_manifest_data(dir, kOp); }, state, group, options);
 }
 
 }  // namespace dtensor::checkpoint

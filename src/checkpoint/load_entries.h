@@ -12,6 +12,9 @@
 
 namespace dtensor::checkpoint::detail {
 
+// <dir>/manifest.json parsed; std::invalid_argument naming `op` when dir holds none.
+ManifestData read_manifest_data(const std::string& dir, const char* op);
+
 LoadStats load_entries(const char* op, const std::string& dir, const std::string& source,
                        const std::function<ManifestData()>& read_entries, StateDict& state, const Group& group,
                        const LoadOptions& options);

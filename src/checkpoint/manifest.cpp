@@ -267,6 +267,13 @@ ManifestData parse_manifest(std::string_view text, const std::string& source) {
   return m;
 }
 
+Manifest summarize(const ManifestData& manifest) {
+  Manifest out;
+  out.world_size = manifest.world_size;
+  for (const auto& [name, e] : manifest.entries) out.entries[name] = entry_info(e);
+  return out;
+}
+
 EntryInfo entry_info(const EntryRecord& record) {
   EntryInfo info;
   info.kind = record.kind;

@@ -67,7 +67,8 @@ inline bool is_tensor_kind(EntryKind kind) { return kind == EntryKind::DistTenso
 std::string manifest_to_json(const ManifestData& manifest);
 ManifestData parse_manifest(std::string_view json, const std::string& source);
 
-// The public summary of one entry.
+// The public summary of one entry, and of a whole manifest.
 EntryInfo entry_info(const EntryRecord& record);
+Manifest summarize(const ManifestData& manifest);
 
 }  // namespace dtensor::checkpoint::detail

@@ -4,6 +4,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "checkpoint/load_entries.h"
 #include "dtensor/amp.h"
 #include "dtensor/autograd.h"
 #include "dtensor/checkpoint.h"
@@ -129,7 +130,9 @@ SaveStats save(const std::string& dir, const TrainState& state, const Group& gro
 }
 
 LoadStats load(const std::string& dir, TrainState& state, const Group& group, const LoadOptions& options) {
-  const Manifest manifest = read_manifest(dir);
+  // The manifest is read once: for the targets here and for the load itself.
+  const detail::ManifestData data = detail::read_manifest_data(dir, "checkpoint::load");
+  const Manifest manifest = detail::summarize(data);
   if (state.sampler) check_sampler(*state.sampler, manifest, dir);
   const NamedParams named = named_params(state);
 
@@ -173,7 +176,8 @@ LoadStats load(const std::string& dir, TrainState& state, const Group& group, co
     targets[name] = value;
   }
 
-  LoadStats stats = load(dir, targets, group, options);
+  LoadStats stats = detail::load_entries(
+      "checkpoint::load", dir, dir, [&] { return data; }, targets, group, options);
   const std::set<std::string> missing(stats.missing.begin(), stats.missing.end());
   const auto loaded = [&](const std::string& name) { return targets.count(name) && !missing.count(name); };
 
