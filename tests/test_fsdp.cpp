@@ -599,7 +599,7 @@ TEST(FsdpErrors, BadInputIsAClearErrorNamingTheModuleAndOption) {
     nn::GPT model(mesh, odd_config(), 1);
     nn::Module& block = model.submodule("blocks.0");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 4}), std::invalid_argument,
-                     "module TransformerBlock ('norm1.weight' and 7 more parameters): option stage must be 1, 2 or 3, got 4");
+                     "module 'blocks.0' ('norm1.weight' and 7 more parameters): option stage must be 1, 2 or 3, got 4");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.shard_dim = "fsdp"}), std::invalid_argument,
                      "option shard_dim 'fsdp' is not a dim of mesh dp=2");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 2, .reshard_after_forward = true}),

@@ -331,6 +331,40 @@ TEST(Optim, StateDictRoundTripContinuesIdentically) {
   });
 }
 
+TEST(Optim, LoadStateDictRejectsUnknownAndMissingKeysAndChangesNothing) {
+  const Shape shape{3, 2};
+  launch(1, [&](Group world) {
+    DeviceMesh mesh(world, {1});
+    DistTensor a = make_param(Tensor::randn(shape, 1), mesh, {Replicate()});
+    DistTensor b = make_param(Tensor::randn(shape, 2), mesh, {Replicate()});
+    AdamW first({a, b}, 0.01);
+    a.set_grad(distribute(step_grad(shape, 0), mesh, {Replicate()}));
+    first.step();  // b has no gradient: it stays at step 0 without state
+    const auto tensors = first.state_dict();
+    const auto steps = first.step_counts();
+    AdamW second({a, b}, 0.01);
+    auto unknown = tensors;
+    unknown["0.momentum"] = a;
+    EXPECT_THROW_MSG(second.load_state_dict(unknown, steps), std::invalid_argument,
+                     "[AdamW] state \"0.momentum\": parameter 0 keeps no state named \"momentum\" (it keeps: "
+                     "exp_avg, exp_avg_sq)");
+    auto missing = tensors;
+    missing.erase("0.exp_avg_sq");
+    EXPECT_THROW_MSG(second.load_state_dict(missing, steps), std::invalid_argument,
+                     "missing state \"0.exp_avg_sq\" of parameter 0, which has taken 1 steps");
+    EXPECT_THROW_MSG(second.load_state_dict(tensors, {{"0.step", 1}}), std::invalid_argument, "missing \"1.step\"");
+    EXPECT_EQ(second.state(0).step, 0) << "a rejected state changes nothing";
+    EXPECT_TRUE(second.state(0).tensors.empty());
+    second.load_state_dict(missing, {{"0.step", 1}}, /*strict=*/false);  // a part, on purpose
+    EXPECT_EQ(second.state(0).step, 1);
+    second.load_state_dict(tensors, steps);
+    EXPECT_EQ(second.state(0).tensors.size(), 2u);
+    SGD momentum({a}, {.lr = 0.1, .momentum = 0.9});
+    EXPECT_EQ(momentum.state_names(0), std::vector<std::string>{"momentum_buffer"});
+    EXPECT_TRUE(SGD({a}, 0.1).state_names(0).empty());
+  });
+}
+
 TEST(Optim, BadArguments) {
   launch(1, [&](Group world) {
     DeviceMesh mesh(world, {1});

@@ -230,10 +230,11 @@ TEST(GptStages, SplitsEvenBalancedAndExplicit) {
   const std::vector<StageLayers> split = balance_gpt(big_vocab, estimate_gpt_layer_costs(big_vocab), 4);
   EXPECT_LT(split.back().size(), split.front().size());
   EXPECT_THROW_MSG(split_layers_evenly(2, 3), std::invalid_argument,
-                   "3 pipeline stages need at least 3 transformer blocks (one per stage), the model has 2");
+                   "3 pipeline stages need at least 3 layers (one per stage), the model has 2");
   EXPECT_THROW_MSG(check_split({{0, 2}, {3, 4}}, 4, 2), std::invalid_argument,
-                   "stage 1 holds blocks [3, 4); expected a non-empty range starting at 2");
-  EXPECT_THROW_MSG(check_split({{0, 2}, {2, 3}}, 4, 2), std::invalid_argument, "the ranges cover blocks [0, 3), the model has 4");
+                   "stage 1 holds layers [3, 4); expected a non-empty range starting at 2");
+  EXPECT_THROW_MSG(check_split({{0, 2}, {2, 3}}, 4, 2), std::invalid_argument,
+                   "the ranges cover layers [0, 3), the model has 4");
   EXPECT_THROW_MSG(check_split({{0, 4}}, 4, 2), std::invalid_argument, "expected 2 layer ranges (one per stage), got 1");
 }
 
@@ -512,7 +513,7 @@ TEST(PipelineErrors, BadMeshesSchedulesAndStagesAreClearErrors) {
         GPTPipeline(pm, tiny(4), 1, {.schedule = ScheduleKind::Interleaved1F1B, .micro_batches = 3, .virtual_stages = 2}),
         std::invalid_argument, "the micro-batch count must be a multiple of the pipeline ranks");
     EXPECT_THROW_MSG(GPTPipeline(pm, tiny(4), 1, {.split = {{0, 3}, {3, 5}}}), std::invalid_argument,
-                     "the ranges cover blocks [0, 5), the model has 4");
+                     "the ranges cover layers [0, 5), the model has 4");
     // Stages that do not fit the schedule or the mesh.
     LinearStage module(pm.stage_mesh(), 4, 4);
     PipelineData data;

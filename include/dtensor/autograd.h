@@ -86,6 +86,15 @@ DeferredBackward backward_input(const DistTensor& root, const DistTensor& grad, 
 using GradReadyHook = std::function<void(const DistTensor& param)>;
 void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook);
 
+// A module parameter another tensor took the place of (nn::Module::set_parameter,
+// parallelize_module, fully_shard, Module::to) is marked with how, so that whoever
+// still holds the old tensor (an optimizer or a wrapper built before the parameters
+// were re-laid out) fails with that message instead of training a tensor no forward
+// reads. The first mark stays.
+void mark_replaced(const DistTensor& old, const std::string& how);
+// The mark ("'fc1.weight' was re-laid out by parallelize_module over tp"), or "".
+const std::string& replaced_note(const DistTensor& param);
+
 namespace autograd {
 
 class Node;

@@ -80,6 +80,9 @@ class GroupImpl {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;
   const std::string& name() const { return name_; }
+  // A DeviceMesh names its dim groups after the dims ("dp", "tp"), which error messages
+  // and CommDebugMode then show.
+  void set_name(std::string name) { name_ = std::move(name); }
   // Whether the collectives take buffers in CUDA device memory (the public calls
   // then name the device in a BufferDeviceScope, src/comm/call_context.h).
   virtual bool accepts_cuda_buffers() const { return false; }

@@ -135,6 +135,8 @@ struct DistTensor::AutogradMeta {
   int output_nr = 0;
   std::weak_ptr<autograd::Node> accumulator;  // a leaf's gradient sink
   std::vector<std::function<void(const DistTensor&)>> hooks;
+  // Set on a module parameter another tensor replaced (nn::mark_parameter_replaced).
+  std::string replaced_note;
 };
 
 struct DistTensor::Impl {

@@ -91,8 +91,20 @@ inline DistTensor operator-(const DistTensor& a, double s) { return sub(a, s); }
 inline DistTensor operator*(const DistTensor& a, double s) { return mul(a, s); }
 inline DistTensor operator/(const DistTensor& a, double s) { return div(a, s); }
 inline DistTensor operator-(const DistTensor& a) { return neg(a); }
+inline DistTensor operator+(double s, const DistTensor& a) { return add(a, s); }
+inline DistTensor operator-(double s, const DistTensor& a) { return add(neg(a), s); }
+inline DistTensor operator*(double s, const DistTensor& a) { return mul(a, s); }
+// Inside an ImplicitReplication scope a plain Tensor beside a DistTensor is the same
+// value on every rank (Replicate on every mesh dim), broadcast against the
+// DistTensor's global shape.
 inline DistTensor operator+(const DistTensor& a, const Tensor& b) { return binary(BinaryOp::Add, a, b); }
+inline DistTensor operator-(const DistTensor& a, const Tensor& b) { return binary(BinaryOp::Sub, a, b); }
 inline DistTensor operator*(const DistTensor& a, const Tensor& b) { return binary(BinaryOp::Mul, a, b); }
+inline DistTensor operator/(const DistTensor& a, const Tensor& b) { return binary(BinaryOp::Div, a, b); }
+inline DistTensor operator+(const Tensor& a, const DistTensor& b) { return binary(BinaryOp::Add, a, b); }
+inline DistTensor operator-(const Tensor& a, const DistTensor& b) { return binary(BinaryOp::Sub, a, b); }
+inline DistTensor operator*(const Tensor& a, const DistTensor& b) { return binary(BinaryOp::Mul, a, b); }
+inline DistTensor operator/(const Tensor& a, const DistTensor& b) { return binary(BinaryOp::Div, a, b); }
 
 // ---- reductions ----------------------------------------------------------------------
 // Reducing a sharded dim gives Partial (sum) or runs the needed collective; mean

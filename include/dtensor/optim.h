@@ -78,9 +78,15 @@ class Optimizer {
   std::map<std::string, int64_t> step_counts() const;
   // Restores what state_dict()/step_counts() returned (values are copied into this
   // optimizer's own tensors, which are created in the parameters' layouts when
-  // missing). Shapes must match the parameters.
-  void load_state_dict(const std::map<std::string, DistTensor>& tensors,
-                       const std::map<std::string, int64_t>& steps);
+  // missing). Shapes must match the parameters. A key naming no parameter or a state
+  // this optimizer does not keep ("3.momentum" for AdamW) is an error; with `strict`
+  // so is a missing one: every parameter's "<i>.step", and for a parameter that has
+  // taken steps every state it keeps (state_names). Nothing is changed when a key is
+  // rejected.
+  void load_state_dict(const std::map<std::string, DistTensor>& tensors, const std::map<std::string, int64_t>& steps,
+                       bool strict = true);
+  // The state tensors parameter `index` holds once it has been updated.
+  std::vector<std::string> state_names(size_t index) const;
 
   const std::string& name() const { return name_; }
 
@@ -99,9 +105,13 @@ class Optimizer {
   // State tensors created as zeros (parameter layout, optimized dtype) before the
   // first update.
   virtual std::vector<std::string> zero_state_names() const { return {}; }
+  // State tensors the update itself adds (SGD's momentum buffer).
+  virtual std::vector<std::string> created_state_names() const { return {}; }
 
  private:
   void ensure_state(size_t index);
+  // Throws when parameter `index` was replaced in its module (autograd::replaced_note).
+  void check_in_place(size_t index) const;
 
   std::vector<DistTensor> params_;
   std::vector<ParamState> states_;
@@ -129,6 +139,7 @@ class SGD : public Optimizer {
  protected:
   Tensor update(const Tensor& param, const Tensor& grad, const ParamState& state,
                 std::map<std::string, Tensor>& local_state) override;
+  std::vector<std::string> created_state_names() const override;
 
  private:
   SGDOptions options_;

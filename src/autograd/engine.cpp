@@ -109,6 +109,19 @@ bool grad_enabled() { return grad_mode; }
 GradModeGuard::GradModeGuard(bool enabled) : previous_(grad_mode) { grad_mode = enabled; }
 GradModeGuard::~GradModeGuard() { grad_mode = previous_; }
 
+void mark_replaced(const DistTensor& old, const std::string& how) {
+  if (!old.defined()) return;
+  auto& meta = old.impl()->autograd;
+  if (!meta) meta = std::make_shared<DistTensor::AutogradMeta>();
+  if (meta->replaced_note.empty()) meta->replaced_note = how;
+}
+
+const std::string& replaced_note(const DistTensor& param) {
+  static const std::string kNone;
+  if (!param.defined() || !param.impl()->autograd) return kNone;
+  return param.impl()->autograd->replaced_note;
+}
+
 void register_grad_ready_hook(const DistTensor& param, GradReadyHook hook) {
   DT_CHECK_ARG(param.defined() && param.requires_grad() && param.is_leaf(), "register_grad_ready_hook",
                "expected a leaf DistTensor that requires grad");

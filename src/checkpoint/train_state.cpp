@@ -1,5 +1,6 @@
 // The state of a training run as one StateDict, and loading it back (checkpoint.h,
 // TrainState).
+#include <algorithm>
 #include <cstring>
 #include <set>
 #include <unordered_map>
@@ -212,7 +213,10 @@ LoadStats load(const std::string& dir, TrainState& state, const Group& group, co
         }
       }
     }
-    state.optimizer->load_state_dict(tensors, steps);
+    // Under LoadOptions::allow_missing a part of the optimizer's state may be absent.
+    const bool complete = std::none_of(missing.begin(), missing.end(),
+                                       [](const std::string& name) { return name.rfind("optim.", 0) == 0; });
+    state.optimizer->load_state_dict(tensors, steps, complete);
     if (loaded("optim.lr")) state.optimizer->set_lr(std::get<double>(targets.at("optim.lr")));
   }
   if (state.scaler && loaded("scaler.scale")) {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <set>
 
+#include "dtensor/comm_backend.h"
 #include "dtensor/error.h"
 #include "mesh/mesh_index.h"
 #include "util/check.h"
@@ -102,6 +103,12 @@ std::shared_ptr<DeviceMesh::Impl> build(const Group& world, std::vector<int> ran
                      : -1;
     const int key = impl->member ? static_cast<int>(impl->coordinate[d]) : 0;
     impl->dim_groups[d] = world.split(color, key);
+    // Named after the dim ("tp"; "world/c1/tp" on a mesh over a split group), so that
+    // errors and CommDebugMode say which mesh dim communicated.
+    if (impl->dim_groups[d].defined()) {
+      const std::string& dim = impl->names[static_cast<size_t>(d)];
+      impl->dim_groups[d].impl()->set_name(world.name() == "world" ? dim : world.name() + "/" + dim);
+    }
   }
   impl->mesh_group =
       world.split(impl->member ? 0 : -1, impl->member ? static_cast<int>(impl->linear_index) : 0);

@@ -2,6 +2,9 @@
 #include "dtensor/nn/module.h"
 
 #include <set>
+#include <stdexcept>
+#include <string_view>
+#include <typeinfo>
 
 #include "dtensor/autograd.h"
 #include "util/check.h"
@@ -34,7 +37,53 @@ void HookHandle::remove() {
   remove_ = nullptr;
 }
 
+Module::~Module() {
+  for (auto& [_, child] : children_) {
+    if (child->parent_ == this) child->parent_ = nullptr;
+  }
+}
+
+void Module::adopt(const std::string& name, std::shared_ptr<Module> child) {
+  DT_CHECK_ARG(child != nullptr, "register_module", "module '", name, "' is null");
+  // A module registered in two places (shared weights) keeps its first path.
+  if (!child->parent_) {
+    child->parent_ = this;
+    child->name_in_parent_ = name;
+  }
+  children_.emplace_back(name, std::move(child));
+}
+
+std::string Module::path() const {
+  // A module whose parent went away first (a pipeline stage's slice outliving the
+  // whole model) keeps the name it had there.
+  std::string out;
+  for (const Module* m = this; m; m = m->parent_) {
+    if (m->name_in_parent_.empty()) continue;
+    out = out.empty() ? m->name_in_parent_ : m->name_in_parent_ + "." + out;
+  }
+  return out;
+}
+
+namespace {
+
+constexpr std::string_view kInModule = " (in module '";
+
+}  // namespace
+
 DistTensor Module::operator()(const DistTensor& x) {
+  try {
+    return call(x);
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    // The innermost module adds its path; the ones around it leave it.
+    if (message.find(kInModule) != std::string::npos || typeid(e) != typeid(std::invalid_argument)) throw;
+    const std::string where = path();
+    throw std::invalid_argument(
+        message + (where.empty() ? std::string(" (in the root module)") : std::string(kInModule) + where + "')"));
+  }
+}
+
+DistTensor Module::call(const DistTensor& x) {
   DistTensor in = x;
   // Copies of the lists: a hook may remove itself (or others) while running.
   const HookList<PreHook> pre = *pre_hooks_;
@@ -137,14 +186,23 @@ DistTensor& Module::checked_slot(const std::string& dotted_name, const DistTenso
 }
 
 Module& Module::to(Device device) {
+  const std::string where = path();
   for (const auto& [name, p] : named_parameters()) {
-    if (p.device() != device) set_parameter(name, p.detach().to(device));
+    if (p.device() == device) continue;
+    mark_replaced(p, "'" + (where.empty() ? name : where + "." + name) + "' was moved to " + device.to_string() +
+                         " by Module::to");
+    set_parameter(name, p.detach().to(device));
   }
   return *this;
 }
 
 void Module::set_parameter(const std::string& dotted_name, const DistTensor& value) {
   DistTensor& p = checked_slot(dotted_name, value, "set_parameter");
+  if (p.impl() != value.impl()) {
+    const std::string where = path();
+    mark_replaced(p,
+                  "'" + (where.empty() ? dotted_name : where + "." + dotted_name) + "' was replaced by set_parameter");
+  }
   p = value.detach();
   p.set_requires_grad(true);
 }

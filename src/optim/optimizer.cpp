@@ -1,5 +1,7 @@
 // The Optimizer base: gradient layout, state creation, master weights, the step loop.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "dtensor/autograd.h"
@@ -17,6 +19,13 @@ bool is_half(DType t) { return t == DType::BF16 || t == DType::F16; }
 // is known, so from_local only checks the local shape).
 DistTensor wrap_like(const Tensor& local, const DistTensor& like) {
   return DistTensor::from_local(local, like.mesh(), like.placements(), like.shape());
+}
+
+std::string names_to_string(const std::vector<std::string>& names) {
+  if (names.empty()) return "none";
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
 }
 
 }  // namespace
@@ -45,6 +54,7 @@ Optimizer::Optimizer(std::vector<DistTensor> params, double lr, bool master_weig
                  dtype_name(p.dtype()));
     DT_CHECK_ARG(p.is_leaf(), name_, "parameter ", i, " must be a leaf (produced by no op), got one from ",
                  p.grad_fn_name());
+    check_in_place(i);
     for (size_t j = 0; j < i; ++j) {
       DT_CHECK_ARG(params_[j].impl() != p.impl(), name_, "parameter ", i, " repeats parameter ", j);
     }
@@ -77,8 +87,16 @@ void Optimizer::ensure_state(size_t index) {
   }
 }
 
+void Optimizer::check_in_place(size_t index) const {
+  const std::string& note = replaced_note(params_[index]);
+  DT_CHECK_ARG(note.empty(), name_, "parameter ", index, " (shape ", params_[index].shape(), "): ", note,
+               ", so no forward reads this tensor any more; build the optimizer from model.parameters() after "
+               "parallelize_module, fully_shard, DDP and Module::to");
+}
+
 void Optimizer::step() {
   NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) check_in_place(i);
   for (size_t i = 0; i < params_.size(); ++i) {
     const DistTensor& p = params_[i];
     const DistTensor grad = gradient_in_param_layout(p);
@@ -141,20 +159,52 @@ std::pair<size_t, std::string> split_state_key(const std::string& key, size_t nu
 
 }  // namespace
 
+std::vector<std::string> Optimizer::state_names(size_t index) const {
+  const DistTensor& p = params_.at(index);
+  std::vector<std::string> names = zero_state_names();
+  for (std::string& name : created_state_names()) names.push_back(std::move(name));
+  if (master_weights_ && is_half(p.dtype())) names.emplace_back("master");
+  return names;
+}
+
 void Optimizer::load_state_dict(const std::map<std::string, DistTensor>& tensors,
-                                const std::map<std::string, int64_t>& steps) {
+                                const std::map<std::string, int64_t>& steps, bool strict) {
+  // Every key is checked before anything is written, so a rejected state changes nothing.
+  std::vector<std::optional<int64_t>> new_steps(params_.size());
   for (const auto& [key, value] : steps) {
     const auto [index, name] = split_state_key(key, params_.size(), name_);
     DT_CHECK_ARG(name == "step" && value >= 0, name_, "step key \"", key,
                  "\": expected \"<param index>.step\" with a count >= 0, got ", value);
-    states_[index].step = value;
+    new_steps[index] = value;
+  }
+  std::vector<std::vector<std::string>> given(params_.size());
+  for (const auto& [key, value] : tensors) {
+    const auto [index, name] = split_state_key(key, params_.size(), name_);
+    const std::vector<std::string> known = state_names(index);
+    DT_CHECK_ARG(std::find(known.begin(), known.end(), name) != known.end(), name_, "state \"", key, "\": parameter ",
+                 index, " keeps no state named \"", name, "\" (it keeps: ", names_to_string(known), ")");
+    DT_CHECK_ARG(value.shape() == params_[index].shape(), name_, "state \"", key, "\" has shape ", value.shape(),
+                 ", expected the parameter's ", params_[index].shape());
+    given[index].push_back(name);
+  }
+  if (strict) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      DT_CHECK_ARG(new_steps[i].has_value(), name_, "missing \"", i, ".step\" (the state has ", steps.size(),
+                   " step counts for ", params_.size(), " parameters; pass strict = false to load a part)");
+      if (*new_steps[i] == 0) continue;
+      for (const std::string& name : state_names(i)) {
+        DT_CHECK_ARG(std::find(given[i].begin(), given[i].end(), name) != given[i].end(), name_, "missing state \"", i,
+                     ".", name, "\" of parameter ", i, ", which has taken ", *new_steps[i], " steps");
+      }
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (new_steps[i]) states_[i].step = *new_steps[i];
   }
   NoGradGuard no_grad;
   for (const auto& [key, value] : tensors) {
     const auto [index, name] = split_state_key(key, params_.size(), name_);
     const DistTensor& p = params_[index];
-    DT_CHECK_ARG(value.shape() == p.shape(), name_, "state \"", key, "\" has shape ", value.shape(),
-                 ", expected the parameter's ", p.shape());
     // Any layout is accepted; the state lives in the parameter's.
     const DistTensor moved = value.placements() == p.placements() && value.mesh() == p.mesh()
                                  ? value

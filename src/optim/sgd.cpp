@@ -18,7 +18,6 @@ const SGDOptions& checked(const SGDOptions& o) {
   return o;
 }
 
-
 }  // namespace
 
 SGD::SGD(std::vector<DistTensor> params, double lr, double momentum, double weight_decay, bool nesterov)
@@ -27,6 +26,11 @@ SGD::SGD(std::vector<DistTensor> params, double lr, double momentum, double weig
 
 SGD::SGD(std::vector<DistTensor> params, const SGDOptions& options)
     : Optimizer(std::move(params), options.lr, options.master_weights, "SGD"), options_(checked(options)) {}
+
+std::vector<std::string> SGD::created_state_names() const {
+  if (options_.momentum == 0) return {};
+  return {"momentum_buffer"};
+}
 
 Tensor SGD::update(const Tensor& param, const Tensor& grad, const ParamState& state,
                    std::map<std::string, Tensor>& local_state) {

@@ -31,6 +31,23 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
   DT_CHECK_ARG(!state_->params.empty(), "DistributedDataParallel", "the module has no parameters");
   const DeviceMesh& mesh = state_->params[0].mesh();
   state_->dp_dim = options_.dp_dim.empty() ? 0 : mesh.dim_index(options_.dp_dim);
+  // Refused orders: a second DDP, and DDP over the dim a fully_shard already
+  // synchronises (its gradients come out sharded there; DDP would do nothing).
+  const std::string dp_name = mesh.names()[static_cast<size_t>(state_->dp_dim)];
+  auto refuse = [&](const nn::Module& m) {
+    for (const std::string& w : m.parallel_wrappers()) {
+      const std::string path = m.path();
+      const bool fsdp_here = w == "fully_shard over " + dp_name;
+      DT_CHECK_ARG(w.rfind("DistributedDataParallel", 0) != 0 && !fsdp_here, "DistributedDataParallel",
+                   path.empty() ? std::string("the root module") : "module '" + path + "'", " is already wrapped by ",
+                   w,
+                   fsdp_here ? "; FSDP synchronises its gradients over that dim already: use DDP over another "
+                               "mesh dim (dp_dim), or no DDP"
+                             : "; one DistributedDataParallel per model");
+    }
+  };
+  for (const nn::Module* m = &module_; m; m = m->parent()) refuse(*m);
+  for (auto& [name, m] : module_.named_modules()) refuse(*m);
   for (const DistTensor& p : state_->params) {
     DT_CHECK_ARG(p.mesh() == mesh, "DistributedDataParallel", "parameters live on different meshes");
     DT_CHECK_ARG(!p.placements()[state_->dp_dim].is_partial(), "DistributedDataParallel",
@@ -53,6 +70,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
     filled += bytes;
   }
   stats_.buckets = static_cast<int64_t>(state_->buckets.size());
+  module_.add_parallel_wrapper("DistributedDataParallel over " + mesh.names()[static_cast<size_t>(state_->dp_dim)]);
   state_->ready.assign(state_->params.size(), false);
   state_->outstanding = state_->params.size();
   std::weak_ptr<State> weak = state_;
@@ -109,6 +127,12 @@ void DistributedDataParallel::launch(size_t b) {
 }
 
 void DistributedDataParallel::wait_for_gradients() {
+  for (const DistTensor& p : state_->params) {
+    const std::string& note = replaced_note(p);
+    DT_CHECK_ARG(note.empty(), "DistributedDataParallel", note,
+                 " after DDP took the module's parameters; change parameters (parallelize_module, fully_shard, "
+                 "Module::to) before wrapping the module in DDP");
+  }
   const int dp = state_->dp_dim;
   const DeviceMesh& mesh = state_->params[0].mesh();
   const double scale = options_.average_gradients ? 1.0 / static_cast<double>(mesh.size(dp)) : 1.0;

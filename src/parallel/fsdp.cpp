@@ -5,10 +5,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <typeinfo>
-#if defined(__GNUG__)
-#include <cxxabi.h>
-#endif
 
 #include "dtensor/autograd.h"
 #include "parallel/fsdp_group.h"
@@ -23,18 +19,6 @@ using detail::ParamGroup;
 namespace {
 
 // "TransformerBlock" for errors: the module's type without namespaces.
-std::string type_name(const nn::Module& module) {
-  std::string name = typeid(module).name();
-#if defined(__GNUG__)
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
-  if (status == 0 && demangled) name = demangled;
-  std::free(demangled);
-#endif
-  const size_t colon = name.rfind("::");
-  return colon == std::string::npos ? name : name.substr(colon + 2);
-}
-
 thread_local std::map<const nn::Module*, std::weak_ptr<ParamGroup>> registry;  // per rank
 
 std::shared_ptr<ParamGroup> group_of(const nn::Module* module) {
@@ -54,7 +38,8 @@ namespace {
 const char* kOp = "fully_shard";
 
 std::string describe(const nn::Module& module, const std::vector<std::string>& names) {
-  std::string text = "module " + type_name(module);
+  const std::string path = module.path();
+  std::string text = path.empty() ? "the root module" : "module '" + path + "'";
   if (!names.empty()) {
     text += " ('" + names.front() + "'";
     if (names.size() > 1) text += " and " + std::to_string(names.size() - 1) + " more parameters";
@@ -107,6 +92,20 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
   }
   const std::string label = describe(module, names);
   DT_CHECK_ARG(!group_of(&module), kOp, label, ": fully_shard was already applied to this module");
+  // DDP's buckets and gradient hooks hold the replicated parameters fully_shard would
+  // replace: that order would train silently wrong.
+  auto refuse_ddp = [&](const nn::Module& m) {
+    for (const std::string& w : m.parallel_wrappers()) {
+      const std::string path = m.path();
+      DT_CHECK_ARG(w.rfind("DistributedDataParallel", 0) != 0, kOp, label, ": ",
+                   path.empty() ? std::string("the root module") : "module '" + path + "'", " is already wrapped by ",
+                   w,
+                   "; FSDP synchronises the gradients itself: use fully_shard without DDP, or HSDP "
+                   "(FSDPOptions::replicate_dim) to replicate across groups");
+    }
+  };
+  for (const nn::Module* m = &module; m; m = m->parent()) refuse_ddp(*m);
+  for (auto& [name, m] : module.named_modules()) refuse_ddp(*m);
   DT_CHECK_ARG(options.stage >= 1 && options.stage <= 3, kOp, label, ": option stage must be 1, 2 or 3, got ",
                options.stage);
   DT_CHECK_ARG(mesh.defined() && mesh.is_member(), kOp, label, ": expected a mesh this rank belongs to");
@@ -202,6 +201,9 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
     const ParamGroup::Bucket& b = g.buckets[p.bucket];
     p.sharded = DistTensor::from_local(b.layout.shard_view(b.shard, p.slot), mesh, sharded, original.shape());
     p.sharded.set_requires_grad(true);
+    const std::string path = module.path();
+    mark_replaced(original, "'" + (path.empty() ? p.name : path + "." + p.name) + "' was sharded by fully_shard over " +
+                                options.shard_dim);
     module.swap_parameter(p.name, p.sharded);
   }
   // One context for the whole tree: this module is its root.
@@ -232,6 +234,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
     if (const std::shared_ptr<ParamGroup> locked = weak.lock()) detail::mark_shards_changed(*locked);
   }));
   registry[&module] = group;
+  module.add_parallel_wrapper("fully_shard over " + options.shard_dim);
   return FSDPModule(group);
 }
 

@@ -263,7 +263,20 @@ void pre_forward(const std::shared_ptr<ParamGroup>& gp) {
                      if (auto group = weak.lock()) reduce_gradients(group, grads);
                      return std::vector<DistTensor>();
                    });
-  for (size_t i = 0; i < g.params.size(); ++i) g.module->swap_parameter(g.params[i].name, gathered[i]);
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const DistTensor previous = g.module->swap_parameter(g.params[i].name, gathered[i]);
+    if (previous.impl() == g.params[i].sharded.impl()) continue;
+    // Someone put another tensor in the shard's place (set_parameter, Module::to) after
+    // fully_shard: the optimizer and this group still hold the shard.
+    for (size_t k = 0; k <= i; ++k) {
+      g.module->swap_parameter(g.params[k].name, k == i ? previous : g.params[k].sharded);
+    }
+    const std::string path = g.module->path();
+    throw std::invalid_argument("[fully_shard] " + g.label + ": parameter '" +
+                                (path.empty() ? g.params[i].name : path + "." + g.params[i].name) +
+                                "' was replaced after fully_shard took it; change parameters (parallelize_module, "
+                                "Module::to, set_parameter) before fully_shard");
+  }
 }
 
 std::optional<DistTensor> post_forward(const std::shared_ptr<ParamGroup>& gp, const DistTensor& output) {

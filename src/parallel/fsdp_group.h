@@ -22,7 +22,7 @@ struct Context;
 struct FSDPModule::ParamGroup {
   nn::Module* module = nullptr;
   FSDPOptions options;
-  std::string label;  // "module TransformerBlock ('norm1.weight', ...)", for errors
+  std::string label;  // "module 'blocks.0' ('norm1.weight' and 7 more parameters)", for errors
   DeviceMesh mesh;
   int shard_dim = 0;
   int replicate_dim = -1;

@@ -57,9 +57,36 @@ void place_parameter(nn::Module& module, const std::string& local_name, int dim,
     if (name != local_name) continue;
     Placements want = param.placements();
     want[static_cast<size_t>(dim)] = p.normalized(param.dim());
+    const std::string path = module.path();
+    mark_replaced(param, "'" + (path.empty() ? name : path + "." + name) +
+                             "' was re-laid out by parallelize_module over " + param.mesh().names()[dim]);
     NoGradGuard no_grad;
     module.set_parameter(name, param.redistribute(want));
     return;
+  }
+}
+
+// Tensor parallelism changes parameters' layouts, which a data-parallel wrapper
+// applied earlier has taken over (FSDP's flat shards, DDP's buckets and hooks): that
+// order would train silently wrong, so it is refused, naming the module.
+void check_not_wrapped(nn::Module& root) {
+  auto refuse = [](const nn::Module& m, const std::string& wrapper) {
+    const std::string path = m.path();
+    throw std::invalid_argument(std::string("[") + kOp + "] " +
+                                (path.empty() ? std::string("the root module") : "module '" + path + "'") +
+                                " is already wrapped by " + wrapper +
+                                "; apply parallelize_module (tensor parallel) first, then fully_shard or "
+                                "DistributedDataParallel over the other mesh dims (FSDP2's and TorchTitan's order)");
+  };
+  for (const nn::Module* m = &root; m; m = m->parent()) {
+    for (const std::string& w : m->parallel_wrappers()) {
+      if (w.rfind("parallelize_module", 0) != 0) refuse(*m, w);
+    }
+  }
+  for (auto& [name, m] : root.named_modules()) {
+    for (const std::string& w : m->parallel_wrappers()) {
+      if (w.rfind("parallelize_module", 0) != 0) refuse(*m, w);
+    }
   }
 }
 
@@ -255,6 +282,7 @@ void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const Par
                  " and ", p.mesh().to_string(), ")");
   }
   const int dim = tp_dim_of(mesh, tp_mesh);
+  check_not_wrapped(module);
   for (const DistTensor& p : params) {
     DT_CHECK_ARG(p.placements()[static_cast<size_t>(dim)].is_replicate(), kOp,
                  "expected parameters replicated on the tensor-parallel mesh dim, got ",
@@ -287,6 +315,7 @@ void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const Par
     }
   }
   check_heads(module, dim);
+  module.add_parallel_wrapper("parallelize_module over " + mesh.names()[static_cast<size_t>(dim)]);
 }
 
 ParallelizePlan gpt_tp_plan(const nn::GPTConfig& config, GPTPlanOptions options) {

@@ -38,15 +38,20 @@ class HookHandle {
 
 class Module {
  public:
-  virtual ~Module() = default;
+  virtual ~Module();
   Module() = default;
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
   // The module's computation on one input (multi-input modules add their own
-  // entry points). operator() runs the hooks around it.
+  // entry points). operator() runs the hooks around it; a std::invalid_argument from
+  // inside it leaves with the module's path added ("... (in module 'blocks.0.fc1')"),
+  // that of the innermost module it came through.
   virtual DistTensor forward(const DistTensor& x) = 0;
   DistTensor operator()(const DistTensor& x);
+  // "blocks.0.fc1" from the outermost module this one is registered in ("" for that
+  // module itself). A module registered in several places keeps its first path.
+  std::string path() const;
 
   // "blocks.0.attn.q.weight" -> parameter, depth first in registration order.
   std::vector<std::pair<std::string, DistTensor>> named_parameters() const;
@@ -134,16 +139,31 @@ class Module {
   // The sub-module at a name named_modules() gives ("" is this module).
   Module& submodule(const std::string& dotted_name);
 
+  // The parallel modules that took this module's parameters over, in the order they
+  // were applied ("fully_shard over dp", "DistributedDataParallel over dp",
+  // "parallelize_module over tp"), so that a later one can refuse an order that
+  // cannot work and name the module and the right order.
+  const std::vector<std::string>& parallel_wrappers() const { return parallel_wrappers_; }
+  // The module this one is registered in (null for the outermost).
+  const Module* parent() const { return parent_; }
+  void add_parallel_wrapper(std::string description) { parallel_wrappers_.push_back(std::move(description)); }
+
  protected:
   // Registers a parameter (made a leaf that requires grad) and returns it.
   DistTensor& register_parameter(const std::string& name, DistTensor value);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
-    children_.emplace_back(name, module);
+    adopt(name, module);
     return module;
   }
 
  private:
+  void adopt(const std::string& name, std::shared_ptr<Module> child);
+  DistTensor call(const DistTensor& x);  // the hooks and forward
+  // Where this module is registered (cleared when that module goes away first).
+  Module* parent_ = nullptr;
+  std::string name_in_parent_;
+  std::vector<std::string> parallel_wrappers_;
   // A deque: layers keep pointers to their parameters, which push_back must not move.
   std::deque<std::pair<std::string, DistTensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;

@@ -29,28 +29,10 @@
 
 #include "dtensor/nn/gpt.h"
 #include "dtensor/parallel/pipeline.h"
+#include "dtensor/parallel/pipeline_split.h"
 #include "dtensor/parallel/tensor_parallel.h"
 
 namespace dtensor::parallel {
-
-// Transformer blocks [first, end) of one stage.
-struct StageLayers {
-  int64_t first = 0, end = 0;
-  int64_t size() const { return end - first; }
-  bool operator==(const StageLayers&) const = default;
-};
-
-// As equal as possible, the first stages one block longer when it does not divide.
-// Throws when there are more stages than blocks.
-std::vector<StageLayers> split_layers_evenly(int64_t layers, int64_t stages);
-// Contiguous ranges minimising the costliest stage: block k costs block_costs[k], the
-// first stage also `first_extra` (the embeddings), the last `last_extra` (norm, head,
-// loss). Every stage gets at least one block.
-std::vector<StageLayers> balance_layers(const std::vector<double>& block_costs, double first_extra,
-                                        double last_extra, int64_t stages);
-// Checks an explicit split: `stages` ranges, each non-empty, covering [0, layers) in
-// order. The message names the first bad range.
-void check_split(const std::vector<StageLayers>& split, int64_t layers, int64_t stages);
 
 // Per-layer cost of a GPT (forward and backward of one micro-batch).
 struct GPTLayerCosts {

@@ -1,0 +1,47 @@
+// nn::Sequential.
+#include "dtensor/nn/sequential.h"
+
+#include "util/check.h"
+
+namespace dtensor::nn {
+
+namespace {
+
+std::string names_of(const std::vector<Sequential::Entry>& entries) {
+  std::string out;
+  for (const auto& [name, _] : entries) out += (out.empty() ? "" : ", ") + name;
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+void Sequential::check_new_name(const std::string& name) const {
+  DT_CHECK_ARG(!name.empty() && name.front() != '.' && name.back() != '.', "Sequential",
+               "expected a child name without leading or trailing dots, got '", name, "'");
+  for (const auto& [existing, _] : entries_) {
+    DT_CHECK_ARG(existing != name, "Sequential", "a child named '", name, "' exists already");
+  }
+}
+
+DistTensor Sequential::forward(const DistTensor& x) {
+  DistTensor y = x;
+  for (const auto& [_, module] : entries_) y = (*module)(y);
+  return y;
+}
+
+size_t Sequential::index_of(const std::string& name) const {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].first == name) return i;
+  }
+  throw std::invalid_argument("[Sequential] no child named '" + name + "' (children: " + names_of(entries_) + ")");
+}
+
+std::shared_ptr<Sequential> Sequential::slice(size_t begin, size_t end) const {
+  DT_CHECK_ARG(begin <= end && end <= entries_.size(), "Sequential", "slice [", begin, ", ", end, ") does not fit ",
+               entries_.size(), " children");
+  auto out = std::make_shared<Sequential>();
+  for (size_t i = begin; i < end; ++i) out->append(entries_[i].first, entries_[i].second);
+  return out;
+}
+
+}  // namespace dtensor::nn
