@@ -285,6 +285,84 @@ TEST(Composition, OwnSequentialModelPipelinesAsOneRankUnderEverySchedule) {
   expect_same(train_pipeline(ScheduleKind::OneFOneB, {"blocks.1"}, 1, 2), one_rank(), "1F1B x DDP over dp=2");
 }
 
+// A head that reuses the input layer's weight (a tied embedding and head): x @ W maps
+// the width back to the input's, under another name in the last stage ("head.tied.weight").
+class TiedHead : public nn::Module {
+ public:
+  explicit TiedHead(std::shared_ptr<nn::Linear> input) : input_(register_module("tied", std::move(input))) {}
+  DistTensor forward(const DistTensor& x) override { return matmul(x, input_->weight()); }
+
+ private:
+  std::shared_ptr<nn::Linear> input_;
+};
+
+std::shared_ptr<nn::Sequential> tied_mlp(const DeviceMesh& mesh) {
+  auto model = std::make_shared<nn::Sequential>();
+  auto input = model->append("input", std::make_shared<nn::Linear>(mesh, 6, 8, true, nn::derive_seed(7, 0), 0.3));
+  model->append("blocks.0", std::make_shared<ResidualBlock>(mesh, 8, 12, nn::derive_seed(7, 10)));
+  model->append("norm", std::make_shared<nn::LayerNorm>(mesh, 8));
+  model->append("head", std::make_shared<TiedHead>(input));
+  return model;
+}
+
+// The tied model on one rank and as two pipeline stages: the weight's two gradients
+// are summed across the ranks, so the copies stay equal and equal one rank's.
+TEST(Composition, ParameterSharedByTwoStagesUnderDifferentNamesStaysTied) {
+  auto run = [](int world) {
+    std::vector<double> losses;
+    std::map<std::string, Tensor> params;
+    std::mutex mu;
+    launch(world, [&](Group g) {
+      DeviceMesh mesh(g, {world}, {"pp"});
+      parallel::PipelineMesh pp(mesh);
+      const DeviceMesh& stage_mesh = pp.stage_mesh();
+      auto rows = [&](uint64_t seed, int64_t micro) {
+        return distribute(Tensor::randn({8, 6}, seed).narrow(0, 4 * micro, 4).contiguous(), stage_mesh, {Replicate()});
+      };
+      std::shared_ptr<nn::Sequential> model = tied_mlp(stage_mesh);
+      parallel::SequentialPipeline split(
+          pp, model,
+          {.schedule = parallel::ScheduleKind::OneFOneB,
+           .micro_batches = 2,
+           .split_before = world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"norm"}});
+      if (world == 2) {
+        EXPECT_EQ(split.tied().size(), 2u) << "the weight and the (unused) bias";
+        bool weight = false;
+        for (const parallel::TiedParameter& t : split.tied()) {
+          weight |= t.names == std::vector<std::string>{"input.weight", "head.tied.weight"} &&
+                    t.stages == std::vector<int>{0, 1};
+        }
+        EXPECT_TRUE(weight);
+      }
+      parallel::PipelineData data;
+      data.inputs = [&](int64_t step, int64_t micro) { return rows(100 + static_cast<uint64_t>(step), micro); };
+      data.loss = [&](int64_t step, int64_t micro, const DistTensor& out) {
+        const DistTensor diff = out - rows(200 + static_cast<uint64_t>(step), micro);
+        return mean(diff * diff);
+      };
+      auto pipe = split.make_pipeline({}, data);
+      SGD optimizer(split.parameters(), 0.2, 0.9);
+      parallel::Trainer trainer(optimizer, {.clip_grad_norm = 5.0});
+      std::vector<double> mine;
+      for (int step = 0; step < 4; ++step) mine.push_back(trainer.step(step, *pipe).stats.loss);
+      std::lock_guard<std::mutex> lock(mu);
+      losses = mine;
+      for (const auto& stage : split.stages()) {
+        for (auto& [name, t] : stage->state_dict()) params[name] = t;
+      }
+    });
+    return std::make_pair(losses, params);
+  };
+  const auto [one_losses, one_params] = run(1);
+  const auto [losses, params] = run(2);
+  ASSERT_LT(one_losses.back(), one_losses.front());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], one_losses[i], 1e-5 * std::fabs(one_losses[i]));
+  EXPECT_TRUE(allclose(params.at("input.weight"), one_params.at("input.weight"), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(params.at("head.tied.weight"), one_params.at("input.weight"), 1e-5, 1e-6))
+      << "the last stage's copy";
+  EXPECT_TRUE(allclose(params.at("blocks.0.fc1.weight"), one_params.at("blocks.0.fc1.weight"), 1e-5, 1e-6));
+}
+
 TEST(Composition, SequentialSplitErrorsNameTheChildren) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2}, {"pp"});

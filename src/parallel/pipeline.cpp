@@ -569,6 +569,8 @@ Pipeline::Pipeline(const PipelineMesh& mesh, std::vector<PipelineStage> stages, 
   for (const TiedParameter& t : tied_) {
     DT_CHECK_ARG(t.stages.size() >= 2, kOp, "tied parameter '", t.name, "' needs at least two stages, got ",
                  t.stages.size());
+    DT_CHECK_ARG(t.names.empty() || t.names.size() == t.stages.size(), kOp, "tied parameter '", t.name,
+                 "': expected one name per holder (", t.stages.size(), ") or none, got ", t.names.size());
     bool here = false;
     for (int s : t.stages) {
       DT_CHECK_ARG(s >= 0 && s < schedule_.stages, kOp, "tied parameter '", t.name, "' names stage ", s, " of ",
@@ -578,14 +580,23 @@ Pipeline::Pipeline(const PipelineMesh& mesh, std::vector<PipelineStage> stages, 
       const PipelineStage* holder = nullptr;
       for (const PipelineStage& st : stages_) holder = st.stage == s ? &st : holder;
       bool found = false;
-      for (const auto& [name, _] : holder->module->named_parameters()) found |= name == t.name;
-      DT_CHECK_ARG(found, kOp, "tied parameter '", t.name, "': stage ", s, " has no parameter of that name");
+      for (const auto& [name, _] : holder->module->named_parameters()) found |= name == t.name_in(s);
+      DT_CHECK_ARG(found, kOp, "tied parameter '", t.name, "': stage ", s, " has no parameter named '", t.name_in(s),
+                   "'");
     }
     tied_groups_.push_back(mesh_.group().split(here ? 0 : -1, me));
   }
 }
 
 Pipeline::~Pipeline() = default;
+
+const std::string& TiedParameter::name_in(int stage) const {
+  if (names.empty()) return name;
+  for (size_t k = 0; k < stages.size() && k < names.size(); ++k) {
+    if (stages[k] == stage) return names[k];
+  }
+  return name;
+}
 
 double Pipeline::run(int64_t step, const std::function<DistTensor(const DistTensor&)>& to_backward,
                      std::optional<DType> compute_dtype) {
@@ -616,7 +627,7 @@ void Pipeline::finish_gradient_sync() {
     for (const PipelineStage& s : stages_) {
       if (std::find(t.stages.begin(), t.stages.end(), s.stage) == t.stages.end()) continue;
       for (const auto& [name, p] : s.module->named_parameters()) {
-        if (name == t.name) copies.push_back(p);
+        if (name == t.name_in(s.stage)) copies.push_back(p);
       }
     }
     if (copies.empty()) continue;
@@ -660,7 +671,7 @@ double Pipeline::grad_norm(const std::vector<DistTensor>& params) {
         continue;
       }
       for (const auto& [name, p] : s.module->named_parameters()) {
-        if (name == t.name) duplicates.insert(p.impl().get());
+        if (name == t.name_in(s.stage)) duplicates.insert(p.impl().get());
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "util/check.h"
 
@@ -140,12 +141,14 @@ SequentialPipeline::SequentialPipeline(const PipelineMesh& mesh, std::shared_ptr
     if (list.size() < 2) continue;
     TiedParameter tie{list.front().second, {}};
     std::vector<int> coordinates;
+    bool renamed = false;
     for (const auto& [s, name] : list) {
-      DT_CHECK_ARG(name == tie.name, kOp, "stages ", list.front().first, " and ", s, " share a parameter under ",
-                   "different names ('", tie.name, "' and '", name, "'); register it under one name in both");
       tie.stages.push_back(s);
-      coordinates.push_back(s % mesh.size());
+      tie.names.push_back(name);
+      renamed |= name != tie.name;
+      coordinates.push_back(schedule_.rank_of(s));
     }
+    if (!renamed) tie.names.clear();
     std::sort(coordinates.begin(), coordinates.end());
     if (std::adjacent_find(coordinates.begin(), coordinates.end()) != coordinates.end()) {
       throw std::runtime_error(std::string("[") + kOp + "] parameter '" + tie.name +
@@ -162,9 +165,13 @@ SequentialPipeline::SequentialPipeline(const PipelineMesh& mesh, std::shared_ptr
 }
 
 std::vector<DistTensor> SequentialPipeline::parameters() const {
+  // A module two children share (a tied head) lists its parameters twice.
   std::vector<DistTensor> out;
+  std::set<const DistTensor::Impl*> seen;
   for (const auto& s : stages_) {
-    for (const DistTensor& p : s->parameters()) out.push_back(p);
+    for (const DistTensor& p : s->parameters()) {
+      if (seen.insert(p.impl().get()).second) out.push_back(p);
+    }
   }
   return out;
 }

@@ -109,6 +109,12 @@ struct PipelineStage {
 struct TiedParameter {
   std::string name;
   std::vector<int> stages;  // the holders; the first one's copy counts in the norm
+  // Where the holders name it differently (an embedding as "tokens.weight", the head
+  // reusing it as "head.tokens.weight"): one name per entry of `stages`. Empty: `name`
+  // in every holder.
+  std::vector<std::string> names = {};
+  // The name in holder `stage`.
+  const std::string& name_in(int stage) const;
 };
 
 struct PipelineData {

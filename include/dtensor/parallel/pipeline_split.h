@@ -17,8 +17,9 @@
 // same values on every mesh) and keeps the children of its stages: pass the model by
 // shared_ptr and keep no other reference, and the other stages' layers are freed when
 // the split is built. A parameter that children of two stages share (a tied
-// embedding and head) is found by identity and kept equal the pipeline's way
-// (TiedParameter: the copies' gradients are summed).
+// embedding and a head reusing its module) is found by identity and kept equal the
+// pipeline's way (a TiedParameter under each holder's name for it: the copies'
+// gradients are summed).
 #pragma once
 
 #include <cstdint>
