@@ -229,7 +229,7 @@ void bench_bytes(const Options& o) {
 // The train_gpt model under ZeRO-3 on dp=2 after one AdamW step: its whole TrainState
 // saved and loaded (the peer: torch_dcp_peer.py, FSDP2 + torch.distributed.checkpoint).
 void bench_gpt(const Options& o) {
-  nn::GPTConfig config;
+  models::GPTConfig config;
   config.vocab = o.vocab;
   config.dim = o.dim;
   config.layers = o.layers;
@@ -240,7 +240,7 @@ void bench_gpt(const Options& o) {
   int64_t parameters = 0, bytes = 0;
   launch(2, [&](Group world) {
     DeviceMesh mesh(world, {2}, {"dp"});
-    nn::GPT model(mesh, config, 1);
+    models::GPT model(mesh, config, 1);
     for (auto& [name, m] : model.named_modules()) {
       if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh);
     }

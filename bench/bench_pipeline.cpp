@@ -22,6 +22,7 @@
 
 using namespace dtensor;
 using namespace dtensor::parallel;
+using namespace dtensor::models;
 
 namespace {
 
@@ -31,8 +32,8 @@ constexpr int64_t kBatch = 16;
 // The GPT of the PyTorch peer (bench/peers/torch_pipeline_peer.py): 8 blocks of width
 // 128, 4 heads, sequences of 64 tokens, vocabulary 256, an untied head (torch's
 // pipelining holds each stage's parameters apart).
-nn::GPTConfig bench_config() {
-  nn::GPTConfig c;
+models::GPTConfig bench_config() {
+  models::GPTConfig c;
   c.vocab = 256;
   c.block_size = 64;
   c.layers = 8;
@@ -94,7 +95,7 @@ double sum_of(const std::vector<double>& v) {
 void BM_PipelineMeasured(benchmark::State& state) {
   const auto kind = static_cast<ScheduleKind>(state.range(0));
   const int m = static_cast<int>(state.range(1)), v = static_cast<int>(state.range(2));
-  const nn::GPTConfig config = bench_config();
+  const models::GPTConfig config = bench_config();
   constexpr int p = 2;
   double step_seconds = 0, makespan = 0, simulated = 0, bubble = 0, peak_bytes = 0;
   Timeline kept;

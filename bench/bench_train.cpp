@@ -69,7 +69,7 @@ constexpr int kWarmup = 2, kSteps = 6;
 
 void BM_TrainGpt(benchmark::State& state) {
   const Case& c = cases()[state.range(0)];
-  nn::GPTConfig config;
+  models::GPTConfig config;
   config.vocab = 64;
   config.block_size = c.medium ? 64 : 32;
   config.layers = c.medium ? 4 : 2;
@@ -97,8 +97,8 @@ void BM_TrainGpt(benchmark::State& state) {
       SyntheticLanguage data(config.vocab, config.block_size, 1024, 1);
       DistributedSampler sampler(data.size(), batch, dp_rank, dp_size, 1);
       const int64_t live_before = memory_stats().live_bytes;
-      nn::GPT model(mesh, config, 1);
-      if (c.tp) parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config));
+      models::GPT model(mesh, config, 1);
+      if (c.tp) parallel::parallelize_module(model, mesh["tp"], models::gpt_tp_plan(config));
       std::optional<DType> compute;
       if (c.compute != DType::F32) compute = c.compute;
       std::optional<parallel::DistributedDataParallel> ddp;

@@ -24,7 +24,7 @@
 
 #include "dtensor/cuda.h"
 #include "dtensor/dtensor.h"
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/trainer.h"
 
@@ -223,7 +223,7 @@ std::string attention_figures(std::vector<Figure>& figures) {
 // AdamW. MFU against 989 TFLOP/s dense BF16 with 6N + 12 L T D FLOPs per token (N
 // without the position embedding; PaLM's appendix B), as torch_gpu_peer.py counts.
 std::string gpt_figures(std::vector<Figure>& figures) {
-  nn::GPTConfig config;
+  models::GPTConfig config;
   config.vocab = g_mode.smoke ? 256 : 32768;
   config.block_size = g_mode.smoke ? 32 : 1024;
   config.layers = g_mode.smoke ? 2 : 24;
@@ -234,7 +234,7 @@ std::string gpt_figures(std::vector<Figure>& figures) {
   int64_t params = 0, peak_mib = 0;
   launch(1, [&](Group g) {
     DeviceMesh mesh(g, {1});
-    nn::GPT model(mesh, config, 42);
+    models::GPT model(mesh, config, 42);
     model.to(g_mode.device);
     params = model.num_parameters();
     AdamW optimizer(model.parameters(), AdamWOptions{.lr = 3e-3, .weight_decay = 0.01});

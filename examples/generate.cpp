@@ -96,14 +96,14 @@ std::optional<Settings> parse(int argc, char** argv) {
 }
 
 // The model configuration train_gpt wrote beside the parameters.
-nn::GPTConfig config_of(const nn::StateFile& f, const std::string& path) {
+models::GPTConfig config_of(const nn::StateFile& f, const std::string& path) {
   const auto get = [&](const std::string& key) {
     const auto it = f.metadata.find(key);
     if (it == f.metadata.end()) throw std::invalid_argument(path + ": no '" + key + "' in the metadata (not saved by train_gpt?)");
     return it->second;
   };
   if (get("model") != "gpt") throw std::invalid_argument(path + ": holds a '" + get("model") + "' model, not a GPT");
-  nn::GPTConfig c;
+  models::GPTConfig c;
   c.vocab = to_integer("vocab", get("vocab"));
   c.block_size = to_integer("block_size", get("block_size"));
   c.layers = to_integer("layers", get("layers"));
@@ -185,7 +185,7 @@ struct Generated {
   double bubble = 0;                       // of the last step, measured
 };
 
-Generated generate(const Settings& s, const nn::StateFile& file, const nn::GPTConfig& config,
+Generated generate(const Settings& s, const nn::StateFile& file, const models::GPTConfig& config,
                    const std::vector<int64_t>& prompt) {
   Generated result;
   std::mutex mutex;
@@ -193,12 +193,14 @@ Generated generate(const Settings& s, const nn::StateFile& file, const nn::GPTCo
     DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
     parallel::PipelineMesh pm(mesh);
     const DeviceMesh& stage_mesh = pm.stage_mesh();
-    parallel::GPTPipeline gpt(pm, config, /*seed, overwritten by the file*/ 0,
-                              {.schedule = parallel::ScheduleKind::ForwardOnly,
-                               .micro_batches = static_cast<int>(s.micro_batches)});
+    models::GPTPipeline gpt(
+        pm, config, /*seed, overwritten by the file*/ 0,
+        {.schedule = parallel::ScheduleKind::ForwardOnly, .micro_batches = static_cast<int>(s.micro_batches)});
     const bool has_tp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "tp") > 0;
     for (const auto& stage : gpt.stages()) {
-      if (has_tp) parallel::parallelize_module(*stage, stage_mesh["tp"], parallel::gpt_stage_tp_plan(*stage));
+      if (has_tp)
+        parallel::parallelize_module(*stage, stage_mesh["tp"],
+                                     parallel::restrict_plan(models::gpt_tp_plan(gpt.config()), *stage));
     }
     gpt.load_state_dict(file.tensors);
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(s.samples), prompt);
@@ -269,12 +271,12 @@ Generated generate(const Settings& s, const nn::StateFile& file, const nn::GPTCo
 
 // The same model on one rank: its logits on the last window, and every generated token
 // of the window re-derived from them. Returns false (and says why) on a mismatch.
-bool check_against_one_rank(const Settings& s, const nn::StateFile& file, const nn::GPTConfig& config,
+bool check_against_one_rank(const Settings& s, const nn::StateFile& file, const models::GPTConfig& config,
                             const Generated& g, int64_t prompt_length) {
   Tensor want;
   launch(1, [&](Group world) {
     DeviceMesh mesh(world, {1});
-    nn::GPT model(mesh, config, 0);
+    models::GPT model(mesh, config, 0);
     model.load_state_dict(file.tensors);
     want = model(distribute(g.last_window, mesh, {Replicate()})).full_tensor().contiguous();
   });
@@ -318,7 +320,7 @@ int main(int argc, char** argv) {
   }
   try {
     const nn::StateFile file = nn::load_state_file(s.load);
-    const nn::GPTConfig config = config_of(file, s.load);
+    const models::GPTConfig config = config_of(file, s.load);
     Tokens tokens;
     if (file.metadata.count("vocabulary")) tokens.vocabulary = file.metadata.at("vocabulary");
     const std::vector<int64_t> prompt = s.prompt.empty() ? std::vector<int64_t>{0} : tokens.encode(s.prompt, config.vocab);

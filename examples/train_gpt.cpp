@@ -73,7 +73,7 @@ struct Settings {
   bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
-  nn::GPTConfig model;
+  models::GPTConfig model;
   double lr = 0, min_lr = 0, weight_decay = 0, clip = 0, bucket_mb = 25;
   int64_t warmup = 0, vocab = 0;
   uint64_t seed = 0;
@@ -240,53 +240,9 @@ std::unique_ptr<TokenDataset> make_dataset(const Settings& s) {
   return std::make_unique<SyntheticLanguage>(s.vocab, s.model.block_size, sequences, s.seed);
 }
 
-// The batch is split over the data-parallel dims (replicate outer, dp inner) and
-// replicated over the others (tp, and the one-rank dim of a pp-only stage mesh); each
-// data-parallel rank reads its own slice. Returns the layout and sets this rank's
-// data-parallel index.
-Placements batch_layout(const DeviceMesh& mesh, int64_t& dp_rank) {
-  Placements layout;
-  dp_rank = 0;
-  for (int d = 0; d < mesh.ndim(); ++d) {
-    const bool data_parallel =
-        mesh.names()[static_cast<size_t>(d)] == "dp" || mesh.names()[static_cast<size_t>(d)] == "replicate";
-    layout.push_back(data_parallel ? Shard(0) : Replicate());
-    if (data_parallel) dp_rank = dp_rank * mesh.size(d) + mesh.coordinate(d);
-  }
-  return layout;
-}
-
-// Tensor parallelism on tp, then DDP or FSDP on dp, of one module (the model, or one
-// pipeline stage on its stage mesh). The module's sync, if any, is appended to `syncs`
-// (whose storage the caller keeps).
-struct DataParallelism {
-  std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddps;
-  std::vector<parallel::FSDPModule> fsdps;
-  std::vector<parallel::GradientSync*> syncs;  // one per wrapped module
-  explicit DataParallelism(size_t modules) { fsdps.reserve(modules); }
-
-  void wrap(nn::Module& module, const DeviceMesh& mesh, const Settings& s, std::optional<DType> compute) {
-    const bool has_dp = std::count(mesh.names().begin(), mesh.names().end(), "dp") > 0;
-    if (s.fsdp > 0) {
-      parallel::FSDPOptions options{.stage = static_cast<int>(s.fsdp), .replicate_dim = s.hsdp ? "replicate" : ""};
-      // 16-bit compute: gather the parameters in it, reduce gradients in F32.
-      if (compute) options.mixed_precision = {.param_dtype = compute, .reduce_dtype = DType::F32};
-      for (auto& [name, m] : module.named_modules()) {
-        if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options);
-      }
-      fsdps.push_back(parallel::fully_shard(module, mesh, options));
-      syncs.push_back(&fsdps.back());
-    } else if (has_dp) {
-      ddps.push_back(std::make_unique<parallel::DistributedDataParallel>(
-          module, parallel::DDPOptions{.bucket_cap_mb = s.bucket_mb, .dp_dim = "dp"}));
-      syncs.push_back(ddps.back().get());
-    }
-  }
-};
-
 // What to write beside the parameters so that examples/generate can rebuild the model
 // and read its tokens.
-std::map<std::string, std::string> model_metadata(const nn::GPTConfig& config, const Settings& s,
+std::map<std::string, std::string> model_metadata(const models::GPTConfig& config, const Settings& s,
                                                   const TokenDataset& data) {
   std::map<std::string, std::string> m{
       {"model", "gpt"},
@@ -316,8 +272,8 @@ std::map<std::string, std::string> model_metadata(const nn::GPTConfig& config, c
 // Every stage's parameters in one map on the pp group's first rank (the stages'
 // state_dict is collective over each stage mesh; each stage mesh's first rank sends
 // its map as the bytes of a state file).
-std::map<std::string, Tensor> gather_pipeline_state(const parallel::PipelineMesh& pm,
-                                                    const parallel::GPTPipeline& gpt) {
+std::map<std::string, Tensor> gather_pipeline_state(const models::GPTPipeline& gpt) {
+  const parallel::PipelineMesh& pm = gpt.mesh();
   std::map<std::string, Tensor> state = gpt.state_dict();
   if (pm.stage_mesh().linear_index() != 0) return {};
   const std::string bytes = nn::serialize_state(state);
@@ -379,69 +335,39 @@ void init_from_file(const std::string& path, const std::vector<nn::Module*>& mod
 void train(Group world, const Settings& s, const TokenDataset& data) {
   DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
   if (!s.trace.empty()) Tracer::record_steps(s.trace_first, s.trace_count);
-  nn::GPTConfig config = s.model;
+  models::GPTConfig config = s.model;
   config.vocab = data.vocab_size();
-  const bool has_tp = std::count(s.mesh.names.begin(), s.mesh.names.end(), "tp") > 0;
   const std::optional<DType> compute = s.precision == "bf16"   ? std::optional<DType>(DType::BF16)
                                        : s.precision == "fp16" ? std::optional<DType>(DType::F16)
                                                                : std::nullopt;
-  const parallel::GPTPlanOptions tp_options{.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel};
+  // Tensor parallelism on tp, then DDP or FSDP on dp (over the tensor-parallel
+  // layouts: dp shards each tp piece); with pp, this rank's stages on its stage mesh,
+  // each wrapped so, run by the schedule.
+  const std::unique_ptr<models::ParallelGPT> gpt = models::parallelize_gpt(
+      mesh, config, s.seed,
+      {.tp = {.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel},
+       .fsdp = static_cast<int>(s.fsdp),
+       .hsdp = s.hsdp,
+       .fsdp_param_dtype = compute,  // 16-bit compute: gather in it, reduce in F32
+       .bucket_mb = s.bucket_mb,
+       .pipeline = {.schedule = s.schedule ? s.schedule->kind : parallel::ScheduleKind::OneFOneB,
+                    .micro_batches = s.schedule ? s.schedule->micro_batches : 1,
+                    .virtual_stages = s.schedule ? s.schedule->virtual_stages() : 1}});
+  const int64_t num_parameters = gpt->num_parameters();
   const Shape micro_shape{s.batch / s.grad_accum, config.block_size};
-  int64_t dp_rank = 0;
-
-  // Without pp: nn::GPT on the whole mesh, micro-batches one after another.
-  std::unique_ptr<nn::GPT> model;
-  // With pp: this rank's stages on its stage mesh, run by the schedule.
-  std::optional<parallel::PipelineMesh> pm;
-  std::unique_ptr<parallel::GPTPipeline> gpt;
+  const DeviceMesh& data_mesh = gpt->data_mesh();
+  const Placements layout = gpt->batch_layout();
+  DistributedSampler sampler(data.size(), s.batch, gpt->dp_rank(), s.dp, s.seed, true, s.grad_accum);
   std::unique_ptr<parallel::Pipeline> pipe;
-  std::vector<DistTensor> parameters;
-  int64_t num_parameters = 0;
-  DataParallelism dp(s.schedule ? static_cast<size_t>(s.schedule->virtual_stages()) : 1);
-  Placements layout;
-  if (!s.schedule) {
-    model = std::make_unique<nn::GPT>(mesh, config, s.seed);
-    // Megatron tensor parallelism on tp (heads, MLP hidden and vocabulary sharded),
-    // then DDP or FSDP on dp (over the tensor-parallel layouts: dp shards each tp piece).
-    if (has_tp) parallel::parallelize_module(*model, mesh["tp"], parallel::gpt_tp_plan(config, tp_options));
-    dp.wrap(*model, mesh, s, compute);
-    parameters = model->parameters();
-    num_parameters = model->num_parameters();
-    layout = batch_layout(mesh, dp_rank);
-  } else {
-    // Stage i on pp coordinate i, each on its own dp x tp sub-mesh, wrapped as a model is.
-    pm.emplace(mesh);
-    const DeviceMesh& stage_mesh = pm->stage_mesh();
-    gpt = std::make_unique<parallel::GPTPipeline>(
-        *pm, config, s.seed,
-        parallel::GPTPipelineOptions{.schedule = s.schedule->kind,
-                                     .micro_batches = s.schedule->micro_batches,
-                                     .virtual_stages = s.schedule->virtual_stages()});
-    int64_t mine = 0;  // parameters of this rank's stages, the tied head's copy left out
-    for (const auto& stage : gpt->stages()) {
-      if (has_tp)
-        parallel::parallelize_module(*stage, stage_mesh["tp"], parallel::gpt_stage_tp_plan(*stage, tp_options));
-      for (const auto& [name, p] : stage->named_parameters()) {
-        if (name != "tokens.weight" || stage->is_first()) mine += p.numel();
-      }
-      dp.wrap(*stage, stage_mesh, s, compute);
-    }
-    num_parameters = all_reduce(pm->group(), Tensor::scalar(mine)).item<int64_t>();
-    parameters = gpt->parameters();
-    layout = batch_layout(stage_mesh, dp_rank);
-  }
-  DistributedSampler sampler(data.size(), s.batch, dp_rank, s.dp, s.seed, true, s.grad_accum);
-  if (gpt) {
-    const DeviceMesh& stage_mesh = pm->stage_mesh();
-    auto tokens = [&, stage_mesh](int64_t step, int64_t micro, bool targets) {
+  if (gpt->pipeline()) {
+    auto tokens = [&, data_mesh](int64_t step, int64_t micro, bool targets) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      return DistTensor::from_local(targets ? batch.targets : batch.inputs, stage_mesh, layout, micro_shape);
+      return DistTensor::from_local(targets ? batch.targets : batch.inputs, data_mesh, layout, micro_shape);
     };
-    pipe = gpt->make_pipeline(
-        dp.syncs, [tokens](int64_t step, int64_t micro) { return tokens(step, micro, false); },
-        [tokens](int64_t step, int64_t micro) { return tokens(step, micro, true); });
+    pipe = gpt->make_pipeline([tokens](int64_t step, int64_t micro) { return tokens(step, micro, false); },
+                              [tokens](int64_t step, int64_t micro) { return tokens(step, micro, true); });
   }
-  AdamW optimizer(parameters, {.lr = s.lr, .weight_decay = s.weight_decay});
+  AdamW optimizer(gpt->parameters(), {.lr = s.lr, .weight_decay = s.weight_decay});
   // Short runs (tests, smoke checks) shorten the warmup rather than fail.
   const WarmupCosine schedule(s.lr, std::min(s.warmup, s.steps), s.steps, s.min_lr);
   const bool leader = world.rank() == 0;
@@ -450,17 +376,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     log = std::make_unique<TrainLog>(s.steps, s.log == "plain" ? TrainLog::Mode::Plain : TrainLog::Mode::Auto);
     std::printf("%s\n", cpu::summary().c_str());  // the CPU, its kernels and GEMM engines
     for (const std::string& w : cpu::warnings()) std::printf("warning: %s\n", w.c_str());
-    std::string parallelism = s.fsdp > 0         ? (s.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(s.fsdp)
-                              : !dp.ddps.empty() ? "DDP"
-                                                 : "no data parallelism";
-    if (gpt) {
-      std::string split;
-      for (const parallel::StageLayers& l : gpt->split()) {
-        split += (split.empty() ? "" : " ") + std::to_string(l.first) + "-" + std::to_string(l.end - 1);
-      }
-      parallelism += ", " + gpt->schedule().name + " over " + std::to_string(gpt->schedule().micro_batches) +
-                     " micro-batches, " + std::to_string(gpt->schedule().stages) + " stages (blocks " + split + ")";
-    }
+    const std::string parallelism = gpt->describe();
     std::printf(
         "GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
         "%s%s\n",
@@ -475,18 +391,14 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
                                     .clip_grad_norm = s.clip,
                                     .compute_dtype = s.fsdp > 0 ? std::nullopt : compute,
                                     .schedule = &schedule,
-                                    .sync = dp.syncs.empty() || pipe ? nullptr : dp.syncs.front(),
+                                    .sync = gpt->sync(),
                                     .tokens_per_step = s.batch * config.block_size};
   if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
   parallel::Trainer trainer(optimizer, training);
   // The whole training state (checkpoint.h): parameters and optimizer state by name,
   // the loss scale, the data position; saved under --save-dir, resumed on any mesh.
-  checkpoint::TrainState state{.optimizer = &optimizer, .scaler = trainer.scaler(), .sampler = &sampler};
-  if (model) {
-    state.modules.push_back(model.get());
-  } else {
-    for (const auto& stage : gpt->stages()) state.modules.push_back(stage.get());
-  }
+  checkpoint::TrainState state{
+      .modules = gpt->modules(), .optimizer = &optimizer, .scaler = trainer.scaler(), .sampler = &sampler};
   const std::string resume_from = checkpoint_to_resume(s.resume);
   if (!resume_from.empty()) {
     checkpoint::load(resume_from, state, world);
@@ -511,7 +423,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
       const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, micro_shape);
       const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, micro_shape);
-      return model->loss(ids, targets);
+      return gpt->model()->loss(ids, targets);
     });
     if (log) log->step(report.stats);
     const int64_t done = step + 1;
@@ -534,7 +446,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   if (pipe)
     timeline = pipe->gather_timeline(pipe->schedule().name + " on " + mesh.to_string() + ", last step, measured");
   if (!s.save.empty()) {
-    const std::map<std::string, Tensor> state = gpt ? gather_pipeline_state(*pm, *gpt) : model->state_dict();
+    const std::map<std::string, Tensor> state =
+        gpt->pipeline() ? gather_pipeline_state(*gpt->pipeline()) : gpt->model()->state_dict();
     if (leader) {
       nn::save_state_file(s.save, state, model_metadata(config, s, data));
       std::printf("parameters: %s (%zu tensors)\n", s.save.c_str(), state.size());

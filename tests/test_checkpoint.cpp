@@ -20,7 +20,8 @@
 #include "checkpoint/xxhash.h"
 #include "dtensor/amp.h"
 #include "dtensor/data.h"
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
+#include "dtensor/models/gpt_parallel.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
@@ -630,8 +631,8 @@ struct TrainRun {
   std::map<std::string, Tensor> params;
 };
 
-nn::GPTConfig tiny_gpt() {
-  nn::GPTConfig c;
+models::GPTConfig tiny_gpt() {
+  models::GPTConfig c;
   c.vocab = 16;
   c.block_size = 8;
   c.layers = 2;
@@ -647,7 +648,7 @@ TrainRun train(const TrainLayout& layout, int64_t steps, const std::string& load
                const std::string& save_dir = "", int64_t save_after = 0) {
   TrainRun result;
   const MeshSpec spec = parse_mesh_spec(layout.mesh);
-  const nn::GPTConfig config = tiny_gpt();
+  const models::GPTConfig config = tiny_gpt();
   const int64_t global_batch = 8;
   launch(static_cast<int>(shape_numel(spec.shape)), [&](Group world) {
     DeviceMesh mesh(world, spec.shape, spec.names);
@@ -656,8 +657,8 @@ TrainRun train(const TrainLayout& layout, int64_t steps, const std::string& load
     const int64_t dp_rank = has_dp ? mesh.coordinate(mesh.dim_index("dp")) : 0;
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), global_batch, dp_rank, dp, 5);
-    nn::GPT model(mesh, config, 42);
-    if (spec.size("tp") > 1) parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config));
+    models::GPT model(mesh, config, 42);
+    if (spec.size("tp") > 1) parallel::parallelize_module(model, mesh["tp"], models::gpt_tp_plan(config));
     std::unique_ptr<parallel::DistributedDataParallel> ddp;
     std::optional<parallel::FSDPModule> fsdp;
     parallel::GradientSync* sync = nullptr;
@@ -756,7 +757,7 @@ TEST(CheckpointResume, AnotherGlobalBatchIsRefused) {
   expect_all_contain(errors_of(1,
                                [&](Group world) {
                                  DeviceMesh mesh(world, {1}, {"dp"});
-                                 nn::GPT model(mesh, tiny_gpt(), 42);
+                                 models::GPT model(mesh, tiny_gpt(), 42);
                                  DistributedSampler sampler(64, 16, 0, 1, 5);
                                  TrainState state{.modules = {&model}, .sampler = &sampler};
                                  load(dir / "c", state, world);
@@ -768,9 +769,9 @@ TEST(CheckpointResume, DropoutCountersAndTheLossScalerRoundTrip) {
   ScratchDir dir;
   launch(1, [&](Group world) {
     DeviceMesh mesh(world, {1});
-    nn::GPTConfig config = tiny_gpt();
+    models::GPTConfig config = tiny_gpt();
     config.dropout = 0.1;
-    nn::GPT model(mesh, config, 1);
+    models::GPT model(mesh, config, 1);
     const DistTensor ids = DistTensor::from_local(Tensor::zeros({1, 8}, DType::I64), mesh, {Replicate()});
     model.loss(ids, ids);
     model.loss(ids, ids);
@@ -782,7 +783,7 @@ TEST(CheckpointResume, DropoutCountersAndTheLossScalerRoundTrip) {
     EXPECT_EQ(counters.begin()->second, 2);
     save(dir / "c", state, world);
 
-    nn::GPT fresh(mesh, config, 2);
+    models::GPT fresh(mesh, config, 2);
     LossScaler scaler2;
     TrainState into{.modules = {&fresh}, .scaler = &scaler2};
     load(dir / "c", into, world);
@@ -805,13 +806,13 @@ TEST(CheckpointResume, LoadingIntoARunningFsdpModelRefreshesItsGatheredParameter
     std::vector<double> losses(2);
     launch(2, [&](Group world) {
       DeviceMesh mesh(world, {2}, {"dp"});
-      const nn::GPTConfig config = tiny_gpt();
+      const models::GPTConfig config = tiny_gpt();
       const Shape shape{8, config.block_size};
       const DistTensor ids =
           DistTensor::from_local(Tensor::zeros({4, config.block_size}, DType::I64), mesh, {Shard(0)}, shape);
       // fresh: loaded before any forward; running: after a forward gathered its parameters.
       for (int running = 0; running < 2; ++running) {
-        nn::GPT model(mesh, config, 7);
+        models::GPT model(mesh, config, 7);
         parallel::FSDPModule root = parallel::fully_shard(model, mesh, {.stage = stage});
         if (running) model.loss(ids, ids);
         TrainState state{.modules = {&model}};
@@ -989,11 +990,11 @@ TEST(CheckpointSafetensors, ImportsAFileThePythonPackageWroteOntoShards) {
 // A GPT exported from one rank loads into a tensor-parallel GPT, value for value.
 TEST(CheckpointSafetensors, AGptExportedFromOneRankImportsIntoTensorParallelShards) {
   ScratchDir dir;
-  const nn::GPTConfig config = tiny_gpt();
+  const models::GPTConfig config = tiny_gpt();
   std::map<std::string, Tensor> reference;
   launch(1, [&](Group world) {
     DeviceMesh mesh(world, {1});
-    nn::GPT model(mesh, config, 5);
+    models::GPT model(mesh, config, 5);
     StateDict state;
     for (const auto& [name, p] : model.named_parameters()) state["transformer." + name] = p;
     export_safetensors(dir / "gpt.safetensors", state, world);
@@ -1001,8 +1002,8 @@ TEST(CheckpointSafetensors, AGptExportedFromOneRankImportsIntoTensorParallelShar
   });
   launch(2, [&](Group world) {
     DeviceMesh mesh(world, {2}, {"tp"});
-    nn::GPT model(mesh, config, 6);  // other values
-    parallel::parallelize_module(model, mesh, parallel::gpt_tp_plan(config));
+    models::GPT model(mesh, config, 6);  // other values
+    parallel::parallelize_module(model, mesh, models::gpt_tp_plan(config));
     StateDict state;
     for (const auto& [name, p] : model.named_parameters()) state[name] = p;
     ImportOptions options;

@@ -5,11 +5,11 @@
 // same training on the CPU. Skips with a
 // message where no GPU is visible, except the checks that need none.
 #include "dtensor/data.h"
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
+#include "dtensor/models/gpt_pipeline.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
-#include "dtensor/parallel/pipeline_gpt.h"
 #include "dtensor/parallel/trainer.h"
 #include "test_helpers.h"
 
@@ -19,8 +19,8 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-nn::GPTConfig tiny() {
-  nn::GPTConfig c;
+models::GPTConfig tiny() {
+  models::GPTConfig c;
   c.vocab = 16;
   c.block_size = 8;
   c.layers = 2;
@@ -39,13 +39,13 @@ struct RunResult {
 // (DDP, or FSDP stage 3 per block), the model and the batches on `device`.
 RunResult train(int world, Device device, int steps, bool fsdp = false) {
   RunResult result;
-  const nn::GPTConfig config = tiny();
+  const models::GPTConfig config = tiny();
   const int64_t global_batch = 8;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, {world}, {"dp"});
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), global_batch, mesh.coordinate(0), world, 5, true, 1);
-    nn::GPT model(mesh, config, 42);
+    models::GPT model(mesh, config, 42);
     model.to(device);
     std::optional<parallel::DistributedDataParallel> ddp;
     std::optional<parallel::FSDPModule> root;
@@ -88,14 +88,14 @@ RunResult train(int world, Device device, int steps, bool fsdp = false) {
 // rank) with two micro-batches per step, the stages and the batches on `device`.
 RunResult train_pipelined(int pp, Device device, int steps, parallel::ScheduleKind schedule) {
   RunResult result;
-  const nn::GPTConfig config = tiny();
+  const models::GPTConfig config = tiny();
   const int64_t global_batch = 8, micro_batches = 2;
   std::mutex mutex;
   launch(pp, [&](Group g) {
     DeviceMesh mesh(g, {pp}, {"pp"});
     parallel::PipelineMesh pipe_mesh(mesh);
-    parallel::GPTPipeline gpt(pipe_mesh, config, 42,
-                              {.schedule = schedule, .micro_batches = static_cast<int>(micro_batches)});
+    models::GPTPipeline gpt(pipe_mesh, config, 42,
+                            {.schedule = schedule, .micro_batches = static_cast<int>(micro_batches)});
     for (const auto& stage : gpt.stages()) stage->to(device);
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), global_batch, 0, 1, 5, true, 1);
@@ -139,7 +139,7 @@ TEST(ModuleTo, TheSameDeviceKeepsTheParameters) {
   // Runs everywhere: moving to where the parameters are copies nothing.
   launch(1, [](Group g) {
     DeviceMesh mesh(g, {1});
-    nn::GPT model(mesh, tiny(), 42);
+    models::GPT model(mesh, tiny(), 42);
     std::vector<const void*> before;
     for (const DistTensor& p : model.parameters()) before.push_back(p.to_local().data_ptr());
     model.to(Device::cpu());
@@ -157,7 +157,7 @@ TEST(ModuleTo, AGpuWhereThereIsNoneFailsOnTheCopy) {
   if (std::getenv("DTENSOR_REQUIRE_GPU")) FAIL() << "DTENSOR_REQUIRE_GPU is set but no GPU is visible";
   launch(1, [](Group g) {
     DeviceMesh mesh(g, {1});
-    nn::GPT model(mesh, tiny(), 42);
+    models::GPT model(mesh, tiny(), 42);
     EXPECT_THROW(model.to(kGpu), std::exception);
     const DistTensor x = ones({2}, mesh, {Replicate()});
     EXPECT_THROW(x.to(kGpu), std::exception);

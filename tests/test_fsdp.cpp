@@ -6,7 +6,8 @@
 #include <cmath>
 
 #include "dtensor/data.h"
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
+#include "dtensor/models/gpt_parallel.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/tensor_parallel.h"
@@ -83,8 +84,8 @@ TEST(FsdpFlatLayout, ScatterGatherAndPackRoundTripForUnevenAndEmptyShards) {
 // Odd sizes: vocab 17 and width 18 split unevenly over 2 and 4 ranks (the token
 // embedding has 17 rows: 9,8 and 5,5,5,2), and 3 positions leave rank 3 of 4 an
 // empty shard.
-nn::GPTConfig odd_config() {
-  nn::GPTConfig c;
+models::GPTConfig odd_config() {
+  models::GPTConfig c;
   c.vocab = 17;
   c.block_size = 3;
   c.layers = 2;
@@ -104,7 +105,7 @@ struct Setup {
   std::optional<parallel::FSDPOptions> fsdp;  // none: one rank or DDP
   bool ddp = false;
   bool tensor_parallel = false;  // hand-built TP layouts on the "tp" dim before FSDP
-  std::optional<parallel::GPTPlanOptions> tp_plan;  // parallelize_module with gpt_tp_plan on "tp" before FSDP
+  std::optional<models::GPTPlanOptions> tp_plan;  // parallelize_module with gpt_tp_plan on "tp" before FSDP
   int accum = 1;
   double clip = 0;
   int steps = 10;
@@ -137,8 +138,8 @@ void shard_tensor_parallel(nn::Module& model, const DeviceMesh& mesh) {
 
 TrainRun train(const Setup& s) {
   TrainRun result;
-  const nn::GPTConfig config = [&] {
-    nn::GPTConfig c = odd_config();
+  const models::GPTConfig config = [&] {
+    models::GPTConfig c = odd_config();
     c.checkpoint_activations = s.checkpoint;
     return c;
   }();
@@ -158,9 +159,9 @@ TrainRun train(const Setup& s) {
     }
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), global_batch, dp_rank, dp_size, 5, true, s.accum);
-    nn::GPT model(mesh, config, 42);
+    models::GPT model(mesh, config, 42);
     if (s.tensor_parallel) shard_tensor_parallel(model, mesh);
-    if (s.tp_plan) parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config, *s.tp_plan));
+    if (s.tp_plan) parallel::parallelize_module(model, mesh["tp"], models::gpt_tp_plan(config, *s.tp_plan));
     std::optional<parallel::DistributedDataParallel> ddp;
     std::optional<parallel::FSDPModule> root;
     if (s.ddp) ddp.emplace(model, parallel::DDPOptions{.bucket_cap_mb = 0.001});
@@ -316,8 +317,13 @@ TEST(Fsdp, OverParallelizeModuleTwoByTwoMatchesOneRank) {
   const TrainRun one = train({.clip = 0.5, .sgd = true});
   for (bool sp : {false, true}) {
     for (int s : {2, 3}) {
-      const TrainRun run = train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}, .fsdp = stage(s),
-                                  .tp_plan = parallel::GPTPlanOptions{.sequence_parallel = sp}, .clip = 0.5, .sgd = true});
+      const TrainRun run = train({.world = 4,
+                                  .mesh_shape = {2, 2},
+                                  .mesh_names = {"dp", "tp"},
+                                  .fsdp = stage(s),
+                                  .tp_plan = models::GPTPlanOptions{.sequence_parallel = sp},
+                                  .clip = 0.5,
+                                  .sgd = true});
       expect_same_training(run, one, std::string("FSDP stage ") + std::to_string(s) + " over gpt_tp_plan" +
                                          (sp ? " with sequence parallelism" : ""));
       EXPECT_EQ(run.placements.at("blocks.0.attn.q.weight"), "S(0,order=1),S(0)");
@@ -333,7 +339,7 @@ TEST(Fsdp, DdpAcceptsParametersShardedOverDp) {
     TrainRun result;
     launch(world, [&](Group g) {
       DeviceMesh mesh(g, {world}, {"dp"});
-      nn::GPT model(mesh, odd_config(), 42);
+      models::GPT model(mesh, odd_config(), 42);
       model.set_parameter("blocks.0.mlp.up.weight",
                           distribute(model.submodule("blocks.0.mlp.up").named_parameters()[0].second.full_tensor(), mesh,
                                      {Shard(0)}));
@@ -361,8 +367,8 @@ TEST(Fsdp, DdpAcceptsParametersShardedOverDp) {
 // ---- communication --------------------------------------------------------------------
 
 // Even sizes (no padding): dim 16, vocab 32, 4 heads on 2 ranks.
-nn::GPTConfig even_config() {
-  nn::GPTConfig c;
+models::GPTConfig even_config() {
+  models::GPTConfig c;
   c.vocab = 32;
   c.block_size = 8;
   c.layers = 2;
@@ -448,9 +454,10 @@ StepComm step_comm(int world, std::optional<int> fsdp_stage, int accum, Make mak
 
 StepComm gpt_step_comm(int world, std::optional<int> fsdp_stage, int accum = 1) {
   return step_comm<nn::TransformerBlock>(
-      world, fsdp_stage, accum, [](const DeviceMesh& mesh) { return std::make_shared<nn::GPT>(mesh, even_config(), 1); },
-      [](nn::GPT& model, const DeviceMesh& mesh, int64_t step, int64_t micro, int accum) {
-        const nn::GPTConfig c = even_config();
+      world, fsdp_stage, accum,
+      [](const DeviceMesh& mesh) { return std::make_shared<models::GPT>(mesh, even_config(), 1); },
+      [](models::GPT& model, const DeviceMesh& mesh, int64_t step, int64_t micro, int accum) {
+        const models::GPTConfig c = even_config();
         SyntheticLanguage data(c.vocab, c.block_size, 64, 1);
         DistributedSampler sampler(data.size(), 8, mesh.coordinate(0), mesh.size(), 1, true, accum);
         const TokenBatch b = data.get_batch(sampler.micro_batch_at(step, micro));
@@ -513,7 +520,7 @@ double resident_bytes(int world, int s, int64_t* params_out) {
   double bytes = 0;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, {world}, {"dp"});
-    nn::GPTConfig c;
+    models::GPTConfig c;
     c.vocab = 64;
     c.block_size = 16;
     c.layers = 2;
@@ -523,7 +530,7 @@ double resident_bytes(int world, int s, int64_t* params_out) {
     const int64_t before = memory_stats().live_bytes;
     int64_t measured = 0;
     {
-      nn::GPT model(mesh, c, 1);
+      models::GPT model(mesh, c, 1);
       parallel::FSDPOptions o{.stage = s, .mixed_precision = {.param_dtype = DType::BF16, .reduce_dtype = DType::BF16}};
       for (auto& [name, m] : model.named_modules()) {
         if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, o);
@@ -565,9 +572,9 @@ TEST(FsdpMemory, ResidentBytesMatchTheZeroFormulasWithinTenPercent) {
 TEST(Fsdp, StateDictFullAndShardedRoundTrip) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2}, {"dp"});
-    nn::GPT reference(mesh, odd_config(), 42);
+    models::GPT reference(mesh, odd_config(), 42);
     const auto expected = reference.state_dict();
-    nn::GPT model(mesh, odd_config(), 42);
+    models::GPT model(mesh, odd_config(), 42);
     for (auto& [name, m] : model.named_modules()) {
       if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh);
     }
@@ -582,7 +589,7 @@ TEST(Fsdp, StateDictFullAndShardedRoundTrip) {
       EXPECT_TRUE(allclose(sharded.at(name).to_local(), t.narrow(0, rows.offset, rows.length), 0, 0)) << name;
     }
     // A sharded dict loads into another sharded model, which then computes the same.
-    nn::GPT other(mesh, odd_config(), 7);
+    models::GPT other(mesh, odd_config(), 7);
     parallel::FSDPModule other_root = parallel::fully_shard(other, mesh);
     other_root.load_state_dict(sharded);
     const DistTensor ids = distribute(Tensor::arange(12).reshape({4, 3}).to(DType::I64), mesh, {Shard(0)});
@@ -596,7 +603,7 @@ TEST(Fsdp, StateDictFullAndShardedRoundTrip) {
 TEST(FsdpErrors, BadInputIsAClearErrorNamingTheModuleAndOption) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2}, {"dp"});
-    nn::GPT model(mesh, odd_config(), 1);
+    models::GPT model(mesh, odd_config(), 1);
     nn::Module& block = model.submodule("blocks.0");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 4}), std::invalid_argument,
                      "module 'blocks.0' ('norm1.weight' and 7 more parameters): option stage must be 1, 2 or 3, got 4");
@@ -620,7 +627,7 @@ TEST(FsdpErrors, BadInputIsAClearErrorNamingTheModuleAndOption) {
     EXPECT_THROW_MSG(parallel::fully_shard(model.submodule("blocks.1"), two_d), std::invalid_argument,
                      "parameter 'norm1.weight' lives on mesh dp=2, the mesh given is dp=2,tp=1");
     // The root over an already sharded child is fine; a child after its parent is not.
-    nn::GPT second(mesh, odd_config(), 1);
+    models::GPT second(mesh, odd_config(), 1);
     parallel::fully_shard(second, mesh);
     EXPECT_THROW_MSG(parallel::fully_shard(second.submodule("blocks.0"), mesh), std::invalid_argument,
                      "expected Replicate on mesh dim 'dp'");

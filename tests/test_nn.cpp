@@ -1,14 +1,14 @@
 // nn modules: parameter naming, layout-independent initialisation, state dicts,
 // hooks, train/eval, and the modules' own errors.
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
 #include "dtensor/ops.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
 
 namespace {
-nn::GPTConfig small() {
-  nn::GPTConfig c;
+models::GPTConfig small() {
+  models::GPTConfig c;
   c.vocab = 11;
   c.block_size = 6;
   c.layers = 2;
@@ -21,14 +21,14 @@ nn::GPTConfig small() {
 
 TEST(NN, ParametersAreNamedAndInitialisedTheSameOnAnyMesh) {
   std::map<std::string, Tensor> one_rank;
-  launch(1, [&](Group g) { one_rank = nn::GPT(DeviceMesh(g, {1}), small(), 3).state_dict(); });
+  launch(1, [&](Group g) { one_rank = models::GPT(DeviceMesh(g, {1}), small(), 3).state_dict(); });
   EXPECT_TRUE(one_rank.count("tokens.weight"));
   EXPECT_TRUE(one_rank.count("blocks.1.attn.q.weight"));
   EXPECT_TRUE(one_rank.count("blocks.0.mlp.down.bias"));
   EXPECT_FALSE(one_rank.count("head.weight"));  // tied to the token embedding
   EXPECT_EQ(one_rank.at("blocks.0.norm1.weight").to_vector<float>(), std::vector<float>(8, 1.0f));
   launch(4, [&](Group g) {
-    nn::GPT model(DeviceMesh(g, {2, 2}), small(), 3);
+    models::GPT model(DeviceMesh(g, {2, 2}), small(), 3);
     const auto state = model.state_dict();
     ASSERT_EQ(state.size(), one_rank.size());
     for (const auto& [name, t] : one_rank) EXPECT_TRUE(allclose(state.at(name), t, 0, 0)) << name;
@@ -38,7 +38,7 @@ TEST(NN, ParametersAreNamedAndInitialisedTheSameOnAnyMesh) {
   });
   // A different seed gives a different model.
   launch(1, [&](Group g) {
-    const auto other = nn::GPT(DeviceMesh(g, {1}), small(), 4).state_dict();
+    const auto other = models::GPT(DeviceMesh(g, {1}), small(), 4).state_dict();
     EXPECT_FALSE(allclose(other.at("tokens.weight"), one_rank.at("tokens.weight")));
   });
 }
@@ -46,7 +46,7 @@ TEST(NN, ParametersAreNamedAndInitialisedTheSameOnAnyMesh) {
 TEST(NN, StateDictRoundTripAndErrors) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2});
-    nn::GPT a(mesh, small(), 1), b(mesh, small(), 2);
+    models::GPT a(mesh, small(), 1), b(mesh, small(), 2);
     b.load_state_dict(a.state_dict());
     for (const auto& [name, t] : a.state_dict()) EXPECT_TRUE(allclose(b.state_dict().at(name), t, 0, 0)) << name;
     auto state = a.state_dict();
@@ -64,7 +64,7 @@ TEST(NN, StateDictRoundTripAndErrors) {
 TEST(NN, HooksTrainEvalAndBadInput) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2});
-    nn::GPT model(mesh, small(), 1);
+    models::GPT model(mesh, small(), 1);
     int pre = 0, post = 0;
     Shape seen;
     model.register_forward_pre_hook([&](nn::Module&, const DistTensor& in) {
@@ -89,16 +89,17 @@ TEST(NN, HooksTrainEvalAndBadInput) {
     EXPECT_THROW_MSG(model(long_ids), std::invalid_argument, "[GPT] sequence length 7 exceeds block_size 6");
     EXPECT_THROW_MSG(model(distribute(Tensor::zeros({1, 3}), mesh, {Replicate()})), std::invalid_argument,
                      "[GPT] expected token ids [B, T] of i64");
-    nn::GPTConfig bad = small();
+    models::GPTConfig bad = small();
     bad.dim = 9;
-    EXPECT_THROW_MSG(nn::GPT(mesh, bad, 1), std::invalid_argument, "[SelfAttention] dim 9 must be a multiple of heads 2");
+    EXPECT_THROW_MSG(models::GPT(mesh, bad, 1), std::invalid_argument,
+                     "[SelfAttention] dim 9 must be a multiple of heads 2");
   });
 }
 
 TEST(NN, SetParameterAndSubmoduleResolveDottedChildNames) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2});
-    nn::GPT model(mesh, small(), 1);
+    models::GPT model(mesh, small(), 1);
     auto parameter = [&](const std::string& wanted) {
       for (const auto& [name, p] : model.named_parameters()) {
         if (name == wanted) return p;
@@ -160,3 +161,78 @@ TEST(NN, HooksReplaceInputAndOutputAndCanBeRemoved) {
     EXPECT_EQ(observed, 3);
   });
 }
+
+namespace dtensor {
+namespace {
+
+TEST(NN, ASharedModuleIsListedOnceAtItsFirstPath) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    auto embedding = std::make_shared<nn::Embedding>(mesh, 10, 4, 1);
+    nn::Sequential model;
+    model.append("tokens", embedding);
+    model.append("head", std::make_shared<nn::TiedLinear>(embedding));
+    const auto params = model.named_parameters();
+    ASSERT_EQ(params.size(), 1u);
+    EXPECT_EQ(params[0].first, "tokens.weight");
+    std::vector<std::string> modules;
+    for (const auto& [name, _] : model.named_modules()) modules.push_back(name);
+    EXPECT_EQ(modules, (std::vector<std::string>{"", "tokens", "head"}));
+    // ids -> embedding -> logits over the same table.
+    const DistTensor ids = distribute(Tensor::from_vector<int64_t>({1, 2, 3}, {1, 3}), mesh, {Replicate()});
+    const DistTensor logits = model(ids);
+    EXPECT_EQ(logits.shape(), (Shape{1, 3, 10}));
+    const Tensor w = embedding->weight().full_tensor();
+    // ids 1, 2, 3 are rows 1..3 of the table.
+    EXPECT_TRUE(allclose(logits.full_tensor().reshape({3, 10}),
+                         matmul(w.narrow(0, 1, 3).contiguous(), w.t().contiguous()), 1e-6, 1e-6));
+  });
+}
+
+TEST(NN, SequentialSharesAndCheckpointsChildren) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    auto build = [&](bool checkpointed) {
+      auto model = std::make_shared<nn::Sequential>();
+      model->share("unused", std::make_shared<nn::LayerNorm>(mesh, 4));
+      model->append("fc1", std::make_shared<nn::Linear>(mesh, 4, 8, true, 1), checkpointed);
+      model->append("fc2", std::make_shared<nn::Linear>(mesh, 8, 4, true, 2));
+      return model;
+    };
+    const DistTensor x = distribute(Tensor::randn({3, 4}, 5), mesh, {Replicate()});
+    auto plain = build(false), recomputed = build(true);
+    EXPECT_EQ(plain->size(), 2u) << "a shared module is not an entry";
+    EXPECT_EQ(plain->named_parameters().front().first, "unused.weight");
+    EXPECT_TRUE(recomputed->checkpointed(0));
+    EXPECT_TRUE(recomputed->slice(0, 1)->checkpointed(0)) << "a slice keeps it";
+    sum((*plain)(x)).backward();
+    sum((*recomputed)(x)).backward();
+    const auto a = plain->named_parameters(), b = recomputed->named_parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].second.grad().defined()) continue;  // the shared LayerNorm never ran
+      EXPECT_TRUE(allclose(a[i].second.grad().full_tensor(), b[i].second.grad().full_tensor(), 0, 0)) << a[i].first;
+    }
+    EXPECT_FALSE(a.front().second.grad().defined()) << "forward does not run a shared module";
+    EXPECT_THROW_MSG(plain->append("unused", std::make_shared<nn::LayerNorm>(mesh, 4)), std::invalid_argument,
+                     "a shared module named 'unused' exists already");
+  });
+}
+
+TEST(NN, PositionalEmbeddingAddsTheTableAndChecksItsInput) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    nn::PositionalEmbedding positions(mesh, 5, 4, 3);
+    nn::Embedding same_seed(mesh, 5, 4, 3);
+    const Tensor x = Tensor::randn({2, 3, 4}, 9);
+    const DistTensor y = positions(distribute(x, mesh, {Replicate()}));
+    const Tensor table = same_seed.weight().full_tensor().narrow(0, 0, 3);
+    EXPECT_TRUE(allclose(y.full_tensor(), add(x, table), 0, 0)) << "x + table[0:T], drawn as an Embedding's";
+    EXPECT_THROW_MSG(positions(distribute(Tensor::randn({2, 6, 4}, 9), mesh, {Replicate()})), std::invalid_argument,
+                     "sequence length 6 exceeds the 5 positions of the table");
+    EXPECT_THROW_MSG(positions(distribute(Tensor::randn({2, 3, 5}, 9), mesh, {Replicate()})), std::invalid_argument,
+                     "expected [B, T, 4], got [2, 3, 5]");
+  });
+}
+
+}  // namespace
+}  // namespace dtensor

@@ -9,22 +9,24 @@
 
 #include "dtensor/autograd.h"
 #include "dtensor/data.h"
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
+#include "dtensor/models/gpt_parallel.h"
+#include "dtensor/models/gpt_pipeline.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
-#include "dtensor/parallel/pipeline_gpt.h"
 #include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/parallel/trainer.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
 using namespace dtensor::parallel;
+using namespace dtensor::models;
 
 namespace {
 
-nn::GPTConfig tiny(int64_t layers = 4) {
-  nn::GPTConfig c;
+models::GPTConfig tiny(int64_t layers = 4) {
+  models::GPTConfig c;
   c.vocab = 16;
   c.block_size = 8;
   c.layers = layers;
@@ -51,14 +53,14 @@ constexpr uint64_t kModelSeed = 42;
 // crosses the stages.
 constexpr double kLr = 1e-3, kClip = 1.0;
 
-// `steps` AdamW steps of nn::GPT on one rank with the whole global batch at once.
-RunResult train_one_rank(const nn::GPTConfig& config, int steps, int64_t batch) {
+// `steps` AdamW steps of models::GPT on one rank with the whole global batch at once.
+RunResult train_one_rank(const models::GPTConfig& config, int steps, int64_t batch) {
   RunResult result;
   launch(1, [&](Group g) {
     DeviceMesh mesh(g, {1});
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), batch, 0, 1, 5);
-    nn::GPT model(mesh, config, kModelSeed);
+    models::GPT model(mesh, config, kModelSeed);
     AdamW optimizer(model.parameters(), kLr);
     Trainer trainer(optimizer, {.clip_grad_norm = kClip});
     for (int step = 0; step < steps; ++step) {
@@ -88,7 +90,7 @@ struct Layout {
 };
 
 // The same training pipelined over `layout`.
-RunResult train_pipelined(const nn::GPTConfig& config, const Layout& layout, int steps, int64_t batch) {
+RunResult train_pipelined(const models::GPTConfig& config, const Layout& layout, int steps, int64_t batch) {
   RunResult result;
   std::mutex mutex;
   Shape shape{layout.pp};
@@ -115,7 +117,7 @@ RunResult train_pipelined(const nn::GPTConfig& config, const Layout& layout, int
     for (const auto& stage : gpt.stages()) {
       if (layout.tp > 1) {
         parallelize_module(*stage, stage_mesh["tp"],
-                           gpt_stage_tp_plan(*stage, {.sequence_parallel = layout.sequence_parallel}));
+                           restrict_plan(gpt_tp_plan(config, {.sequence_parallel = layout.sequence_parallel}), *stage));
       }
       if (layout.fsdp > 0) {
         for (auto& [name, m] : stage->named_modules()) {
@@ -180,38 +182,39 @@ void expect_same_training(const RunResult& got, const RunResult& want, double rt
 
 // ---- GPT stages and splits ----------------------------------------------------------------------
 
-TEST(GptStages, TogetherTheyAreNnGptWithTheSameSeed) {
+TEST(GptStages, TogetherTheyAreTheGptWithTheSameSeed) {
   for (bool tied : {true, false}) {
-    launch(1, [&](Group g) {
-      DeviceMesh mesh(g, {1});
-      nn::GPTConfig c = tiny(5);
+    launch(3, [&](Group g) {
+      DeviceMesh mesh(g, {3}, {"pp"});
+      PipelineMesh pm(mesh);
+      models::GPTConfig c = tiny(5);
       c.tie_weights = tied;
-      nn::GPT model(mesh, c, kModelSeed);
+      GPTPipeline gpt(pm, c, kModelSeed,
+                      {.schedule = ScheduleKind::ForwardOnly, .micro_batches = 1, .split = {{0, 2}, {2, 3}, {3, 5}}});
+      // The whole model on this rank alone.
+      const DeviceMesh one(g.split(g.rank()), {1});
+      models::GPT model(one, c, kModelSeed);
       const std::map<std::string, Tensor> want = model.state_dict();
-      const std::vector<StageLayers> split{{0, 2}, {2, 3}, {3, 5}};
-      std::vector<std::unique_ptr<GPTStage>> stages;
-      std::map<std::string, Tensor> got;
-      for (size_t k = 0; k < split.size(); ++k) {
-        stages.push_back(std::make_unique<GPTStage>(mesh, c, kModelSeed, split[k], k == 0, k + 1 == split.size()));
-        for (const auto& [name, t] : stages.back()->state_dict()) {
-          if (got.count(name)) {
-            EXPECT_EQ(name, "tokens.weight") << "only the tied embedding is held twice";
-            EXPECT_TRUE(allclose(got[name], t, 0, 0));
-          }
-          got.emplace(name, t);
-        }
-      }
-      ASSERT_EQ(got.size(), want.size());
-      for (const auto& [name, t] : want) EXPECT_TRUE(allclose(got.at(name), t, 0, 0)) << name;
-      // Chained stages compute GPT's logits.
+      const std::map<std::string, Tensor> mine = gpt.state_dict();
+      for (const auto& [name, t] : mine) EXPECT_TRUE(allclose(t, want.at(name), 0, 0)) << name;
+      // Every name once, and the tied embedding on the first and the last stage under its own name.
+      const bool first = pm.coordinate() == 0, last = pm.coordinate() == 2;
+      EXPECT_EQ(mine.count("tokens.weight") == 1, first || (last && tied));
+      const int64_t held = all_reduce(g, Tensor::scalar(static_cast<int64_t>(mine.size()))).item<int64_t>();
+      EXPECT_EQ(held, static_cast<int64_t>(want.size()) + (tied ? 1 : 0));
+      EXPECT_EQ(gpt.num_parameters(), model.num_parameters());
+      ASSERT_EQ(gpt.sequential().tied().size(), tied ? 1u : 0u);
+      if (tied) EXPECT_EQ(gpt.sequential().tied()[0].stages, (std::vector<int>{0, 2}));
+      // Chained stages compute the GPT's logits.
       SyntheticLanguage data(c.vocab, c.block_size, 8, 3);
       const TokenBatch b = data.get_batch({0, 1, 2});
-      const DistTensor ids = distribute(b.inputs, mesh, {Replicate()});
-      DistTensor x = ids;
-      for (auto& s : stages) x = (*s)(x);
-      EXPECT_TRUE(allclose(x.full_tensor(), model(ids).full_tensor(), 1e-6, 1e-7));
-      EXPECT_NEAR(stages.back()->loss(x, distribute(b.targets, mesh, {Replicate()})).full_tensor().item<double>(),
-                  model.loss(ids, distribute(b.targets, mesh, {Replicate()})).full_tensor().item<double>(), 1e-6);
+      auto pipe = gpt.make_pipeline(
+          {}, [&](int64_t, int64_t) { return distribute(b.inputs, pm.stage_mesh(), {Replicate()}); }, nullptr);
+      const std::vector<DistTensor> out = pipe->forward(0);
+      if (last) {
+        const DistTensor ids = distribute(b.inputs, one, {Replicate()});
+        EXPECT_TRUE(allclose(out.at(0).full_tensor(), model(ids).full_tensor(), 1e-6, 1e-7));
+      }
     });
   }
 }
@@ -225,7 +228,7 @@ TEST(GptStages, SplitsEvenBalancedAndExplicit) {
   // One costly block gets a stage of its own.
   EXPECT_EQ(balance_layers({1, 1, 6, 1, 1}, 0, 0, 3), (std::vector<StageLayers>{{0, 2}, {2, 3}, {3, 5}}));
   // A large vocabulary makes the head the costliest part of a GPT.
-  nn::GPTConfig big_vocab = tiny(8);
+  models::GPTConfig big_vocab = tiny(8);
   big_vocab.vocab = 4096;
   const std::vector<StageLayers> split = balance_gpt(big_vocab, estimate_gpt_layer_costs(big_vocab), 4);
   EXPECT_LT(split.back().size(), split.front().size());
@@ -266,7 +269,7 @@ TEST(PipelineEquivalence, EveryScheduleAtPp2AndPp4MatchesOneRank) {
   const int steps = 10;
   const int64_t batch = 8;
   for (int64_t layers : {4, 8}) {
-    const nn::GPTConfig config = tiny(layers);
+    const models::GPTConfig config = tiny(layers);
     const RunResult one = train_one_rank(config, steps, batch);
     ASSERT_LT(one.losses.back(), one.losses.front()) << "the loss should fall";
     for (int pp : {2, 4}) {
@@ -282,7 +285,7 @@ TEST(PipelineEquivalence, EveryScheduleAtPp2AndPp4MatchesOneRank) {
 }
 
 TEST(PipelineEquivalence, UnequalMicroBatchesAndOneMicroBatch) {
-  const nn::GPTConfig config = tiny(4);
+  const models::GPTConfig config = tiny(4);
   const RunResult one = train_one_rank(config, 4, 10);
   // 10 rows in 4 micro-batches: 3, 3, 2, 2, each weighted by its rows.
   expect_same_training(train_pipelined(config, {.pp = 2, .micro_batches = 4}, 4, 10), one, 1e-5, "1F1B 3,3,2,2");
@@ -292,7 +295,7 @@ TEST(PipelineEquivalence, UnequalMicroBatchesAndOneMicroBatch) {
 }
 
 TEST(PipelineEquivalence, WithDataAndTensorParallelStages) {
-  const nn::GPTConfig config = tiny(4);
+  const models::GPTConfig config = tiny(4);
   const int steps = 10;
   const RunResult one = train_one_rank(config, steps, 8);
   expect_same_training(train_pipelined(config, {.pp = 2, .dp = 2}, steps, 8), one, 1e-5, "pp=2,dp=2 DDP");
@@ -316,7 +319,7 @@ TEST(PipelineEquivalence, WithDataAndTensorParallelStages) {
 // The 3-D layout of 16 devices: TP = 2 inside, PP = 4, DP = 2 outside (16 threads on
 // the machine's cores: a tiny model).
 TEST(PipelineEquivalence, ThreeDSixteenRanksMatchesOneRank) {
-  nn::GPTConfig config = tiny(4);
+  models::GPTConfig config = tiny(4);
   const int steps = 10;
   const RunResult one = train_one_rank(config, steps, 8);
   expect_same_training(train_pipelined(config, {.pp = 4, .dp = 2, .tp = 2, .micro_batches = 2}, steps, 8), one, 1e-5,
@@ -330,7 +333,7 @@ TEST(PipelineEquivalence, ThreeDSixteenRanksMatchesOneRank) {
 namespace {
 
 // One training step of a p-stage GPT; every pipeline rank's statistics, by rank.
-std::vector<PipelineStats> one_step_stats(const nn::GPTConfig& config, int pp, ScheduleKind kind, int micro_batches,
+std::vector<PipelineStats> one_step_stats(const models::GPTConfig& config, int pp, ScheduleKind kind, int micro_batches,
                                           std::vector<Timeline>* timelines = nullptr) {
   std::vector<PipelineStats> stats(static_cast<size_t>(pp));
   if (timelines) timelines->assign(static_cast<size_t>(pp), Timeline());
@@ -358,7 +361,7 @@ std::vector<PipelineStats> one_step_stats(const nn::GPTConfig& config, int pp, S
 // Activations held after each action on the first stage of p = 4 with m = 8:
 // GPipe keeps all eight micro-batches, 1F1B at most p = 4.
 TEST(PipelineMemory, OneFOneBHoldsAtMostPMicroBatchesAndGPipeAllOfThem) {
-  nn::GPTConfig config = tiny(4);
+  models::GPTConfig config = tiny(4);
   config.block_size = 32;  // activations well above the parameters' gradients
   const int p = 4, m = 8;
   const int64_t one = one_step_stats(config, p, ScheduleKind::GPipe, 1)[0].peak_held_bytes;
@@ -411,13 +414,13 @@ TEST(PipelineTimeline, AMeasuredStepHasEveryActionOnOneClock) {
 }
 
 TEST(PipelineInference, ForwardOnlyGivesTheLogitsOfOneRank) {
-  const nn::GPTConfig config = tiny(4);
+  const models::GPTConfig config = tiny(4);
   SyntheticLanguage data(config.vocab, config.block_size, 16, 3);
   const TokenBatch batch = data.get_batch({0, 1, 2, 3, 4});
   Tensor want;
   launch(1, [&](Group g) {
     DeviceMesh mesh(g, {1});
-    nn::GPT model(mesh, config, kModelSeed);
+    models::GPT model(mesh, config, kModelSeed);
     want = model(distribute(batch.inputs, mesh, {Replicate()})).full_tensor();
   });
   launch(2, [&](Group g) {

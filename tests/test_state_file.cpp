@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -61,13 +61,13 @@ TEST(StateFile, EveryDtypeAndShapeRoundTripsWithMetadata) {
 TEST(StateFile, AModelLoadsWhatAnotherSaved) {
   launch(1, [](Group g) {
     DeviceMesh mesh(g, {1});
-    GPTConfig c;
+    models::GPTConfig c;
     c.vocab = 16;
     c.block_size = 8;
     c.layers = 2;
     c.dim = 16;
     c.heads = 2;
-    GPT trained(mesh, c, 1), fresh(mesh, c, 2);
+    models::GPT trained(mesh, c, 1), fresh(mesh, c, 2);
     const std::string path = temp_path("gpt.dtstate");
     save_state_file(path, trained.state_dict());
     fresh.load_state_dict(load_state_file(path).tensors);

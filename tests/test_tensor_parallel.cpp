@@ -4,7 +4,8 @@
 #include <numeric>
 
 #include "dtensor/data.h"
-#include "dtensor/nn/gpt.h"
+#include "dtensor/models/gpt.h"
+#include "dtensor/models/gpt_parallel.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/tensor_parallel.h"
@@ -12,11 +13,12 @@
 
 using namespace dtensor;
 using namespace dtensor::parallel;
+using namespace dtensor::models;
 
 namespace {
 
-nn::GPTConfig tiny() {
-  nn::GPTConfig c;
+models::GPTConfig tiny() {
+  models::GPTConfig c;
   c.vocab = 16;
   c.block_size = 8;
   c.layers = 2;
@@ -39,14 +41,14 @@ struct Layout {
 
 // 10 AdamW steps on the synthetic task, global batch 8; the batch is sharded over
 // dp (with DDP) and replicated over tp.
-RunResult train(const nn::GPTConfig& config, const Layout& layout, int steps = 10) {
+RunResult train(const models::GPTConfig& config, const Layout& layout, int steps = 10) {
   RunResult result;
   const bool two_d = layout.mesh.size() == 2;
   const int world = static_cast<int>(shape_numel(layout.mesh));
   launch(world, [&](Group g) {
     DeviceMesh mesh = two_d ? DeviceMesh(g, layout.mesh, {"dp", "tp"}) : DeviceMesh(g, layout.mesh, {"tp"});
     const int64_t dp = two_d ? layout.mesh[0] : 1;
-    nn::GPT model(mesh, config, 42);
+    models::GPT model(mesh, config, 42);
     if (mesh["tp"].size() > 1) {
       parallelize_module(model, mesh["tp"],
                          gpt_tp_plan(config, {.sequence_parallel = layout.sequence_parallel,
@@ -110,7 +112,7 @@ void expect_same_training(const RunResult& got, const RunResult& want, const std
 }  // namespace
 
 TEST(TensorParallel, GptTrainingMatchesOneRank) {
-  const nn::GPTConfig config = tiny();
+  const models::GPTConfig config = tiny();
   const RunResult one = train(config, {.mesh = {1}});
   ASSERT_LT(one.losses.back(), one.losses.front()) << "the loss should fall";
   expect_same_training(train(config, {.mesh = {2}}), one, "TP=2");
@@ -124,7 +126,7 @@ TEST(TensorParallel, GptTrainingMatchesOneRank) {
 // Degree 3: the heads divide, the MLP hidden dim (40 -> 14, 14, 12) and the
 // vocabulary (16 -> 6, 6, 4) do not; an untied head and SwiGLU with dropout.
 TEST(TensorParallel, UnevenHiddenAndVocabularyOverThreeRanks) {
-  nn::GPTConfig config = tiny();
+  models::GPTConfig config = tiny();
   config.heads = 3;
   config.dim = 18;
   config.mlp_hidden = 40;
@@ -146,13 +148,13 @@ namespace {
 // Counts one training step's collectives (forward and backward separately) under
 // gpt_tp_plan on 2 ranks and checks them against Megatron's: per block one
 // all-reduce each way (with sequence parallel, a reduce-scatter and an all-gather).
-void expect_megatron_communication(const nn::GPTConfig& config, int64_t batch) {
+void expect_megatron_communication(const models::GPTConfig& config, int64_t batch) {
   const int64_t activation_bytes = batch * config.block_size * config.dim * 4, rows = batch * config.block_size;
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     launch(2, [&](Group g) {
       DeviceMesh mesh(g, {2}, {"tp"});
-      nn::GPT model(mesh, config, 1);
+      models::GPT model(mesh, config, 1);
       parallelize_module(model, mesh, gpt_tp_plan(config, {.sequence_parallel = sp}));
       SyntheticLanguage data(config.vocab, config.block_size, batch, 3);
       std::vector<int64_t> indices(static_cast<size_t>(batch));
@@ -205,7 +207,7 @@ TEST(TensorParallel, CommunicationPerStepIsMegatrons) { expect_megatron_communic
 // activation and gather the weight (cheaper in forward bytes, paid back twice in
 // backward), and backward resolves its Partials where Megatron does.
 TEST(TensorParallel, CommunicationPerStepIsMegatronsAtTrainingSizes) {
-  nn::GPTConfig config;
+  models::GPTConfig config;
   config.vocab = 2048;  // a table larger than the activations, as in real models
   config.block_size = 64;
   config.layers = 2;
@@ -318,44 +320,44 @@ TEST(TensorParallel, UseLocalOutputHandsOnThisRanksPiece) {
 TEST(TensorParallel, BadPlansAreClearErrors) {
   launch(4, [](Group g) {
     DeviceMesh mesh(g, {4}, {"tp"});
-    nn::GPTConfig config = tiny();
+    models::GPTConfig config = tiny();
     config.heads = 2;
     {
-      nn::GPT model(mesh, config, 1);
+      models::GPT model(mesh, config, 1);
       EXPECT_THROW_MSG(parallelize_module(model, mesh, {{"blocks.*.attn.qq", ColwiseParallel{}}}),
                        std::invalid_argument, "[parallelize_module] no module matches 'blocks.*.attn.qq' (modules: tokens");
     }
     {
-      nn::GPT model(mesh, config, 1);
+      models::GPT model(mesh, config, 1);
       EXPECT_THROW_MSG(parallelize_module(model, mesh, {{"blocks.0.norm1", ColwiseParallel{}}}), std::invalid_argument,
                        "[ColwiseParallel] 'blocks.0.norm1' is LayerNorm; the style fits Linear and Embedding");
     }
     {
-      nn::GPT model(mesh, config, 1);
+      models::GPT model(mesh, config, 1);
       EXPECT_THROW_MSG(parallelize_module(model, mesh, {{"blocks.*.attn.q", SequenceParallel{}}}),
                        std::invalid_argument, "[SequenceParallel] 'blocks.0.attn.q' is Linear");
     }
     {
-      nn::GPT model(mesh, config, 1);
+      models::GPT model(mesh, config, 1);
       EXPECT_THROW_MSG(
           parallelize_module(model, mesh, {{"blocks.0.attn.q", ColwiseParallel{}}, {"blocks.*.attn.q", RowwiseParallel{}}}),
           std::invalid_argument, "'blocks.0.attn.q' gets two styles that place its parameters");
     }
     {
-      nn::GPT model(mesh, config, 1);  // 2 heads over 4 ranks
+      models::GPT model(mesh, config, 1);  // 2 heads over 4 ranks
       EXPECT_THROW_MSG(parallelize_module(model, mesh, gpt_tp_plan(config)), std::invalid_argument,
                        "'blocks.0.attn' has 2 attention heads, which the tensor-parallel degree 4 does not divide "
                        "(2 = 4 x 0 + 2)");
     }
     {
-      nn::GPT model(mesh, tiny(), 1);
+      models::GPT model(mesh, tiny(), 1);
       parallelize_module(model, mesh, gpt_tp_plan(tiny()));
       EXPECT_THROW_MSG(parallelize_module(model, mesh, gpt_tp_plan(tiny())), std::invalid_argument,
                        "is the module parallelized already?");
     }
     {
       // A tp mesh that is not the module's mesh nor one of its dims.
-      nn::GPT model(mesh, tiny(), 1);
+      models::GPT model(mesh, tiny(), 1);
       DeviceMesh two_d(g, {2, 2}, {"dp", "tp"});
       EXPECT_THROW_MSG(parallelize_module(model, two_d["tp"], gpt_tp_plan(tiny())), std::invalid_argument,
                        "is neither the module's mesh tp=4 nor one of its dims");

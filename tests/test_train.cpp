@@ -3,8 +3,8 @@
 // loss scaling.
 #include "dtensor/amp.h"
 #include "dtensor/data.h"
+#include "dtensor/models/gpt.h"
 #include "dtensor/nn/checkpoint.h"
-#include "dtensor/nn/gpt.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/trainer.h"
@@ -14,8 +14,8 @@ using namespace dtensor;
 
 namespace {
 
-nn::GPTConfig tiny() {
-  nn::GPTConfig c;
+models::GPTConfig tiny() {
+  models::GPTConfig c;
   c.vocab = 16;
   c.block_size = 8;
   c.layers = 2;
@@ -50,8 +50,8 @@ struct RunResult {
 // data parallel over `world` ranks, `accum` micro-batches per step.
 RunResult train(int world, int accum, int steps, DType compute = DType::F32, bool checkpoint = false) {
   RunResult result;
-  const nn::GPTConfig config = [&] {
-    nn::GPTConfig c = tiny();
+  const models::GPTConfig config = [&] {
+    models::GPTConfig c = tiny();
     c.checkpoint_activations = checkpoint;
     return c;
   }();
@@ -60,7 +60,7 @@ RunResult train(int world, int accum, int steps, DType compute = DType::F32, boo
     DeviceMesh mesh(g, {world}, {"dp"});
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), global_batch, mesh.coordinate(0), world, 5, true, accum);
-    nn::GPT model(mesh, config, 42);
+    models::GPT model(mesh, config, 42);
     parallel::DistributedDataParallel ddp(model, {.bucket_cap_mb = 0.001});
     AdamW optimizer(model.parameters(), 1e-2);
     std::optional<DType> precision;
@@ -128,12 +128,12 @@ TEST(Train, CheckpointingLowersPeakMemory) {
     int64_t peak = 0;
     launch(1, [&](Group g) {
       DeviceMesh mesh(g, {1});
-      nn::GPTConfig c = tiny();
+      models::GPTConfig c = tiny();
       c.layers = 4;
       c.block_size = 64;
       c.dim = 64;
       c.checkpoint_activations = checkpoint;
-      nn::GPT model(mesh, c, 1);
+      models::GPT model(mesh, c, 1);
       SyntheticLanguage data(c.vocab, c.block_size, 16, 3);
       const TokenBatch batch = data.get_batch({0, 1, 2, 3, 4, 5, 6, 7});
       const DistTensor ids = distribute(batch.inputs, mesh, {Replicate()});

@@ -49,6 +49,29 @@ Embedding::Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim
 
 DistTensor Embedding::forward(const DistTensor& ids) { return embedding(for_compute(*weight_), ids); }
 
+PositionalEmbedding::PositionalEmbedding(const DeviceMesh& mesh, int64_t max_positions, int64_t dim, uint64_t seed,
+                                         double init_std) {
+  weight_ = &register_parameter("weight", normal(mesh, {max_positions, dim}, derive_seed(seed, 0), init_std));
+}
+
+DistTensor PositionalEmbedding::forward(const DistTensor& x) {
+  const int64_t max_positions = weight_->size(0), dim = weight_->size(1);
+  DT_CHECK_ARG(x.dim() == 3 && x.size(2) == dim, "PositionalEmbedding", "expected [B, T, ", dim, "], got ", x.shape());
+  const int64_t t = x.size(1);
+  DT_CHECK_ARG(t <= max_positions, "PositionalEmbedding", "sequence length ", t, " exceeds the ", max_positions,
+               " positions of the table");
+  const DeviceMesh& mesh = weight_->mesh();
+  const DistTensor positions = distribute(Tensor::arange(t, DType::I64, x.device()), mesh, replicated(mesh));
+  return add(x, embedding(for_compute(*weight_), positions));
+}
+
+TiedLinear::TiedLinear(std::shared_ptr<Embedding> embedding) {
+  DT_CHECK_ARG(embedding != nullptr, "TiedLinear", "expected an Embedding, got null");
+  embedding_ = register_module("embedding", std::move(embedding));
+}
+
+DistTensor TiedLinear::forward(const DistTensor& x) { return linear(x, for_compute(embedding_->weight())); }
+
 LayerNorm::LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps, bool bias) : dim_(dim), eps_(eps) {
   weight_ = &register_parameter("weight", ones({dim}, mesh, replicated(mesh)));
   if (bias) bias_ = &register_parameter("bias", zeros({dim}, mesh, replicated(mesh)));

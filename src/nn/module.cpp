@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string_view>
 #include <typeinfo>
+#include <unordered_set>
 
 #include "dtensor/autograd.h"
 #include "util/check.h"
@@ -100,6 +101,8 @@ DistTensor Module::call(const DistTensor& x) {
 
 DistTensor& Module::register_parameter(const std::string& name, DistTensor value) {
   DT_CHECK_ARG(value.defined(), "register_parameter", "parameter '", name, "' is undefined");
+  DT_CHECK_ARG(!name.empty() && name.find('.') == std::string::npos, "register_parameter",
+               "expected a parameter name without dots (sub-modules make the dotted names), got '", name, "'");
   for (const auto& [existing, _] : params_) {
     DT_CHECK_ARG(existing != name, "register_parameter", "parameter '", name, "' is registered twice");
   }
@@ -109,11 +112,28 @@ DistTensor& Module::register_parameter(const std::string& name, DistTensor value
   return params_.back().second;
 }
 
-std::vector<std::pair<std::string, DistTensor>> Module::named_parameters() const {
-  std::vector<std::pair<std::string, DistTensor>> out(params_.begin(), params_.end());
-  for (const auto& [name, child] : children_) {
-    for (auto& [sub, p] : child->named_parameters()) out.emplace_back(name + "." + sub, p);
+namespace {
+
+// Depth first in registration order; a module registered in several places (a
+// tied head holding the input embedding) is visited at its first path only, as
+// PyTorch's named_modules and named_parameters do.
+template <class ModuleT, class Visit>
+void walk(ModuleT& module, const std::string& path, std::unordered_set<const Module*>& seen, const Visit& visit) {
+  if (!seen.insert(&module).second) return;
+  visit(path, module);
+  for (const auto& [name, child] : module.children()) {
+    walk(static_cast<ModuleT&>(*child), path.empty() ? name : path + "." + name, seen, visit);
   }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, DistTensor>> Module::named_parameters() const {
+  std::vector<std::pair<std::string, DistTensor>> out;
+  std::unordered_set<const Module*> seen;
+  walk(*this, "", seen, [&](const std::string& path, const Module& m) {
+    for (const auto& [name, p] : m.params_) out.emplace_back(path.empty() ? name : path + "." + name, p);
+  });
   return out;
 }
 
@@ -124,10 +144,9 @@ std::vector<DistTensor> Module::parameters() const {
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {
-  std::vector<std::pair<std::string, Module*>> out{{"", this}};
-  for (const auto& [name, child] : children_) {
-    for (auto& [sub, m] : child->named_modules()) out.emplace_back(sub.empty() ? name : name + "." + sub, m);
-  }
+  std::vector<std::pair<std::string, Module*>> out;
+  std::unordered_set<const Module*> seen;
+  walk(*this, "", seen, [&](const std::string& path, Module& m) { out.emplace_back(path, &m); });
   return out;
 }
 

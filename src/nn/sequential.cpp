@@ -1,6 +1,7 @@
 // nn::Sequential.
 #include "dtensor/nn/sequential.h"
 
+#include "dtensor/nn/checkpoint.h"
 #include "util/check.h"
 
 namespace dtensor::nn {
@@ -21,11 +22,17 @@ void Sequential::check_new_name(const std::string& name) const {
   for (const auto& [existing, _] : entries_) {
     DT_CHECK_ARG(existing != name, "Sequential", "a child named '", name, "' exists already");
   }
+  for (const std::string& existing : shared_) {
+    DT_CHECK_ARG(existing != name, "Sequential", "a shared module named '", name, "' exists already");
+  }
 }
 
 DistTensor Sequential::forward(const DistTensor& x) {
   DistTensor y = x;
-  for (const auto& [_, module] : entries_) y = (*module)(y);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    Module& child = *entries_[i].second;
+    y = checkpointed_[i] ? checkpoint(child, y) : child(y);
+  }
   return y;
 }
 
@@ -40,7 +47,7 @@ std::shared_ptr<Sequential> Sequential::slice(size_t begin, size_t end) const {
   DT_CHECK_ARG(begin <= end && end <= entries_.size(), "Sequential", "slice [", begin, ", ", end, ") does not fit ",
                entries_.size(), " children");
   auto out = std::make_shared<Sequential>();
-  for (size_t i = begin; i < end; ++i) out->append(entries_[i].first, entries_[i].second);
+  for (size_t i = begin; i < end; ++i) out->append(entries_[i].first, entries_[i].second, checkpointed_[i]);
   return out;
 }
 

@@ -102,6 +102,53 @@ void check_split(const std::vector<StageLayers>& split, int64_t layers, int64_t 
 
 // ---- the stages of a Sequential -------------------------------------------------------------
 
+namespace {
+
+// The module at `path` under `root`, as the shared_ptr its parent holds.
+std::shared_ptr<nn::Module> module_at(const nn::Module& root, const std::string& path) {
+  for (const auto& [name, child] : root.children()) {
+    if (path == name) return child;
+    if (path.compare(0, name.size() + 1, name + ".") == 0) {
+      if (auto found = module_at(*child, path.substr(name.size() + 1))) return found;
+    }
+  }
+  return nullptr;
+}
+
+// Children [r.first, r.end) of `model` as a stage. A parameter the slice reaches under
+// another name than the whole model's (the embedding a tied head holds) has its owner
+// registered first under the whole model's path (Sequential::share), so that every
+// parameter keeps its name.
+std::shared_ptr<nn::Sequential> stage_of(nn::Sequential& model, const StageLayers& r) {
+  const auto first = static_cast<size_t>(r.first), end = static_cast<size_t>(r.end);
+  std::map<const void*, std::string> model_name;
+  for (const auto& [name, p] : model.named_parameters()) model_name.emplace(p.impl().get(), name);
+  std::vector<std::string> owners;
+  for (const auto& [name, p] : model.slice(first, end)->named_parameters()) {
+    const std::string& wanted = model_name.at(p.impl().get());
+    if (wanted == name) continue;
+    const std::string owner = wanted.substr(0, wanted.rfind('.'));
+    if (std::find(owners.begin(), owners.end(), owner) == owners.end()) owners.push_back(owner);
+  }
+  if (owners.empty()) return model.slice(first, end);
+  auto stage = std::make_shared<nn::Sequential>();
+  for (const std::string& owner : owners) {
+    stage->share(owner, module_at(model, owner));
+  }
+  for (size_t i = first; i < end; ++i) {
+    stage->append(model.entries()[i].first, model.entries()[i].second, model.checkpointed(i));
+  }
+  for (const auto& [name, p] : stage->named_parameters()) {
+    if (model_name.at(p.impl().get()) != name) {
+      throw std::logic_error(std::string("[") + kOp + "] stage parameter '" + name + "' is '" +
+                             model_name.at(p.impl().get()) + "' in the model");
+    }
+  }
+  return stage;
+}
+
+}  // namespace
+
 SequentialPipeline::SequentialPipeline(const PipelineMesh& mesh, std::shared_ptr<nn::Sequential> model,
                                        SequentialPipelineOptions options)
     : mesh_(mesh) {
@@ -126,41 +173,79 @@ SequentialPipeline::SequentialPipeline(const PipelineMesh& mesh, std::shared_ptr
     split_.push_back({first, layers});
     check_split(split_, layers, stages);
   }
-  // Every stage's parameters (every rank holds the whole model), to find the ties.
-  std::map<const void*, std::vector<std::pair<int, std::string>>> holders;
+  // Every stage (every rank holds the whole model), to find the ties.
+  std::vector<std::shared_ptr<nn::Sequential>> all;
+  for (const StageLayers& r : split_) all.push_back(stage_of(*model, r));
+  // In the order the stages list them, the same on every rank (the pipeline reduces
+  // the ties in this order).
+  std::vector<std::pair<std::string, std::vector<int>>> holders;
+  std::map<const void*, size_t> index;
   for (int s = 0; s < stages; ++s) {
-    const StageLayers& r = split_[static_cast<size_t>(s)];
-    const std::shared_ptr<nn::Sequential> slice =
-        model->slice(static_cast<size_t>(r.first), static_cast<size_t>(r.end));
-    for (const auto& [name, p] : slice->named_parameters()) {
-      auto& list = holders[p.impl().get()];
-      if (list.empty() || list.back().first != s) list.emplace_back(s, name);
+    for (const auto& [name, p] : all[static_cast<size_t>(s)]->named_parameters()) {
+      const auto [it, fresh] = index.emplace(p.impl().get(), holders.size());
+      if (fresh) holders.push_back({name, {}});
+      holders[it->second].second.push_back(s);
     }
   }
-  for (const auto& [_, list] : holders) {
+  for (const auto& [name, list] : holders) {
     if (list.size() < 2) continue;
-    TiedParameter tie{list.front().second, {}};
     std::vector<int> coordinates;
-    bool renamed = false;
-    for (const auto& [s, name] : list) {
-      tie.stages.push_back(s);
-      tie.names.push_back(name);
-      renamed |= name != tie.name;
-      coordinates.push_back(schedule_.rank_of(s));
-    }
-    if (!renamed) tie.names.clear();
+    for (int s : list) coordinates.push_back(schedule_.rank_of(s));
     std::sort(coordinates.begin(), coordinates.end());
     if (std::adjacent_find(coordinates.begin(), coordinates.end()) != coordinates.end()) {
-      throw std::runtime_error(std::string("[") + kOp + "] parameter '" + tie.name +
+      throw std::runtime_error(std::string("[") + kOp + "] parameter '" + name +
                                "' is shared by two stages on one pipeline rank; split so that its holders run on "
                                "different ranks");
     }
-    tied_.push_back(std::move(tie));
+    tied_.push_back({name, list});
   }
   for (int s : schedule_.stages_of(mesh.coordinate())) {
-    const StageLayers& r = split_[static_cast<size_t>(s)];
-    stages_.push_back(model->slice(static_cast<size_t>(r.first), static_cast<size_t>(r.end)));
+    stages_.push_back(all[static_cast<size_t>(s)]);
     indices_.push_back(s);
+  }
+}
+
+std::vector<std::pair<std::string, DistTensor>> SequentialPipeline::named_parameters() const {
+  std::vector<std::pair<std::string, DistTensor>> out;
+  std::set<std::string> seen;
+  for (const auto& stage : stages_) {
+    for (const auto& [name, p] : stage->named_parameters()) {
+      if (seen.insert(name).second) out.emplace_back(name, p);
+    }
+  }
+  return out;
+}
+
+int64_t SequentialPipeline::num_parameters() const {
+  int64_t mine = 0;
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    for (const auto& [name, p] : stages_[k]->named_parameters()) {
+      const bool copy = std::any_of(tied_.begin(), tied_.end(), [&](const TiedParameter& t) {
+        return t.name == name && t.stages.front() != indices_[k];
+      });
+      if (!copy) mine += p.numel();
+    }
+  }
+  return all_reduce(mesh_.group(), Tensor::scalar(mine)).item<int64_t>();
+}
+
+std::map<std::string, Tensor> SequentialPipeline::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (const auto& stage : stages_) {
+    for (auto& [name, t] : stage->state_dict()) out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+void SequentialPipeline::load_state_dict(const std::map<std::string, Tensor>& state) {
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    std::map<std::string, Tensor> mine;
+    for (const auto& [name, _] : stages_[k]->named_parameters()) {
+      const auto it = state.find(name);
+      DT_CHECK_ARG(it != state.end(), kOp, "the state has no '", name, "', which stage ", indices_[k], " holds");
+      mine.emplace(name, it->second);
+    }
+    stages_[k]->load_state_dict(mine);
   }
 }
 

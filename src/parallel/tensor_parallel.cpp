@@ -1,10 +1,12 @@
 // Tensor-parallel styles: parameter placements and input/output hooks, the plan
-// matcher, and Megatron-LM's plan for nn::GPT.
+// matcher, and Megatron-LM's plan for models::GPT.
 #include "dtensor/parallel/tensor_parallel.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "dtensor/autograd.h"
+#include "dtensor/nn/layers.h"
 #include "dtensor/ops.h"
 #include "util/check.h"
 
@@ -318,35 +320,15 @@ void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const Par
   module.add_parallel_wrapper("parallelize_module over " + mesh.names()[static_cast<size_t>(dim)]);
 }
 
-ParallelizePlan gpt_tp_plan(const nn::GPTConfig& config, GPTPlanOptions options) {
-  const bool sp = options.sequence_parallel;
-  // Where a block's row-parallel output goes: reduced whole, or reduce-scattered
-  // over the sequence.
-  const Placement block_output = sp ? Shard(1) : Replicate();
-  ParallelizePlan plan;
-  plan.emplace_back("tokens", RowwiseParallel{.output_layouts = block_output});
-  if (sp) plan.emplace_back("blocks.*.norm1", SequenceParallel{});
-  plan.emplace_back("blocks.*.attn", PrepareModuleInput{.desired_input_layouts = Replicate()});
-  for (const char* p : {"q", "k", "v"}) plan.emplace_back(std::string("blocks.*.attn.") + p, ColwiseParallel{});
-  plan.emplace_back("blocks.*.attn.out", RowwiseParallel{.output_layouts = block_output});
-  if (sp) plan.emplace_back("blocks.*.norm2", SequenceParallel{});
-  plan.emplace_back("blocks.*.mlp", PrepareModuleInput{.desired_input_layouts = Replicate()});
-  plan.emplace_back("blocks.*.mlp.up", ColwiseParallel{});
-  if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.mlp.gate", ColwiseParallel{});
-  plan.emplace_back("blocks.*.mlp.down", RowwiseParallel{.output_layouts = block_output});
-  const Placement logits = options.loss_parallel ? Shard(-1) : Replicate();
-  if (config.tie_weights) {
-    // The head is the vocab-sharded embedding: x @ tokens.weight^T is column
-    // parallel by propagation once x is replicated (gathered from its sequence
-    // shards under sequence parallelism); the root's output is the logits.
-    if (sp) plan.emplace_back("norm", SequenceParallel{});
-    if (sp) plan.emplace_back("norm", PrepareModuleOutput{.desired_output_layouts = Replicate()});
-    plan.emplace_back("", PrepareModuleOutput{.desired_output_layouts = logits});
-  } else {
-    if (sp) plan.emplace_back("norm", SequenceParallel{});
-    plan.emplace_back("head", ColwiseParallel{.output_layouts = logits});
+ParallelizePlan restrict_plan(const ParallelizePlan& plan, nn::Module& module) {
+  const std::vector<std::pair<std::string, nn::Module*>> modules = module.named_modules();
+  ParallelizePlan out;
+  for (const auto& entry : plan) {
+    const bool found = std::any_of(modules.begin(), modules.end(),
+                                   [&](const auto& named) { return matches(entry.first, named.first); });
+    if (found) out.push_back(entry);
   }
-  return plan;
+  return out;
 }
 
 std::string style_to_string(const ParallelStyle& style) {

@@ -72,17 +72,17 @@ TEST(DistMpi, TensorParallelMlpForwardAndBackward) {
 // Megatron tensor parallelism (and DP x TP on 4 processes) trains a GPT to the same
 // losses and parameters as one rank (threads backend, in this process).
 std::pair<std::vector<double>, std::map<std::string, Tensor>> train_gpt_steps(const DeviceMesh& mesh, bool sp) {
-  nn::GPTConfig config;
+  models::GPTConfig config;
   config.vocab = 16;
   config.block_size = 8;
   config.layers = 2;
   config.heads = 4;
   config.dim = 16;
   config.bias = false;
-  nn::GPT model(mesh, config, 42);
+  models::GPT model(mesh, config, 42);
   const bool two_d = mesh.ndim() == 2;
   if (mesh["tp"].size() > 1) {
-    parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config, {.sequence_parallel = sp}));
+    parallel::parallelize_module(model, mesh["tp"], models::gpt_tp_plan(config, {.sequence_parallel = sp}));
   }
   std::optional<parallel::DistributedDataParallel> ddp;
   if (two_d) ddp.emplace(model, parallel::DDPOptions{.dp_dim = "dp"});
@@ -132,14 +132,14 @@ namespace {
 // losses and the full parameters.
 std::pair<std::vector<double>, std::map<std::string, Tensor>> train_fsdp_gpt_steps(
     const DeviceMesh& mesh, std::optional<parallel::FSDPOptions> fsdp, int steps) {
-  nn::GPTConfig c;
+  models::GPTConfig c;
   c.vocab = 17;
   c.block_size = 6;
   c.layers = 2;
   c.heads = 2;
   c.dim = 10;
   c.bias = false;
-  nn::GPT model(mesh, c, 3);
+  models::GPT model(mesh, c, 3);
   std::optional<parallel::FSDPModule> root;
   if (fsdp) {
     for (auto& [name, m] : model.named_modules()) {

@@ -1,5 +1,6 @@
-// The building blocks of a transformer: Linear, Embedding, LayerNorm, RMSNorm,
-// Dropout, MLP (GELU or SwiGLU), causal multi-head SelfAttention, TransformerBlock.
+// The building blocks of a transformer: Linear, Embedding, PositionalEmbedding,
+// TiedLinear, LayerNorm, RMSNorm, Dropout, MLP (GELU or SwiGLU), causal multi-head
+// SelfAttention, TransformerBlock.
 //
 // Every layer is created on a DeviceMesh with replicated parameters and a seed; the
 // values do not depend on the mesh. Inputs may be sharded any way the ops accept
@@ -61,6 +62,35 @@ class Embedding : public Module {
 
  private:
   DistTensor* weight_;
+};
+
+// Learned absolute positions (GPT-2): x [B, T, dim] -> x + weight[0:T], the table
+// [max_positions, dim] drawn as an Embedding's with the same seed.
+class PositionalEmbedding : public Module {
+ public:
+  PositionalEmbedding(const DeviceMesh& mesh, int64_t max_positions, int64_t dim, uint64_t seed,
+                      double init_std = 0.02);
+  DistTensor forward(const DistTensor& x) override;
+  DistTensor& weight() { return *weight_; }
+
+ private:
+  DistTensor* weight_;
+};
+
+// x -> x @ E^T with E the table of an Embedding registered here as "embedding": a
+// language model's output head tied to its input embedding. The embedding is the
+// same module (registered in the model under its own name too), so its parameter is
+// listed once by the model and follows any layout a parallel module gives it; a
+// pipeline stage holding only the head lists it as "<head>.embedding.weight" and
+// the pipeline keeps the two copies equal.
+class TiedLinear : public Module {
+ public:
+  explicit TiedLinear(std::shared_ptr<Embedding> embedding);
+  DistTensor forward(const DistTensor& x) override;
+  Embedding& embedding() { return *embedding_; }
+
+ private:
+  std::shared_ptr<Embedding> embedding_;
 };
 
 class LayerNorm : public Module {

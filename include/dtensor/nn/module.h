@@ -53,7 +53,10 @@ class Module {
   // module itself). A module registered in several places keeps its first path.
   std::string path() const;
 
-  // "blocks.0.attn.q.weight" -> parameter, depth first in registration order.
+  // "blocks.0.attn.q.weight" -> parameter, depth first in registration order. A
+  // module registered in several places (a tied output head holding the input
+  // embedding) is listed at its first path only, and its parameters once, as
+  // PyTorch's named_modules and named_parameters do.
   std::vector<std::pair<std::string, DistTensor>> named_parameters() const;
   std::vector<DistTensor> parameters() const;
   std::vector<std::pair<std::string, Module*>> named_modules();
@@ -144,6 +147,8 @@ class Module {
   // "parallelize_module over tp"), so that a later one can refuse an order that
   // cannot work and name the module and the right order.
   const std::vector<std::string>& parallel_wrappers() const { return parallel_wrappers_; }
+  // The modules registered in this one, by the name each was registered under.
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
   // The module this one is registered in (null for the outermost).
   const Module* parent() const { return parent_; }
   void add_parallel_wrapper(std::string description) { parallel_wrappers_.push_back(std::move(description)); }

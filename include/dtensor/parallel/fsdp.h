@@ -2,7 +2,7 @@
 // PyTorch's FSDP2 (`fully_shard` per block, then on the root).
 //
 //   DeviceMesh mesh(world, {4}, {"dp"});
-//   nn::GPT model(mesh, config, seed);
+//   models::GPT model(mesh, config, seed);
 //   for (auto& [name, m] : model.named_modules())
 //     if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh);
 //   parallel::FSDPModule root = parallel::fully_shard(model, mesh);

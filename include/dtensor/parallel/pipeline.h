@@ -11,7 +11,7 @@
 //   parallel::Trainer trainer(optimizer, {.clip_grad_norm = 1.0});
 //   trainer.step(step, pipe);                         // every micro-batch, then AdamW
 //
-// (pipeline_gpt.h builds the stages of nn::GPT and the whole arrangement in one call.)
+// (pipeline_gpt.h builds the stages of models::GPT and the whole arrangement in one call.)
 //
 // Stages and meshes. Stage s runs on pp coordinate s % p: each stage lives on its own
 // sub-mesh (the mesh's other dims, e.g. dp x tp), so tensor and data parallelism

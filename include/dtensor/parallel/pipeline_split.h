@@ -16,13 +16,15 @@
 // Every rank builds the whole model on its own stage mesh (the same seed gives the
 // same values on every mesh) and keeps the children of its stages: pass the model by
 // shared_ptr and keep no other reference, and the other stages' layers are freed when
-// the split is built. A parameter that children of two stages share (a tied
-// embedding and a head reusing its module) is found by identity and kept equal the
-// pipeline's way (a TiedParameter under each holder's name for it: the copies'
-// gradients are summed).
+// the split is built. A stage is a slice of the model, so its parameters keep their
+// names. A module that children of two stages share (a tied embedding and a head
+// reusing it) is found by identity: the later stage registers it under its name in
+// the whole model too (nn::Sequential::share), so both list "tokens.weight", and the
+// pipeline keeps the copies equal (a TiedParameter: their gradients are summed).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,6 +78,17 @@ class SequentialPipeline {
   std::vector<DistTensor> parameters() const;  // of this rank's stages, each once
   // Parameters children of several stages share, by name (the pipeline keeps them equal).
   const std::vector<TiedParameter>& tied() const { return tied_; }
+  // This rank's parameters by name, each once. Stages list every parameter under its
+  // name in the whole model (see the header comment), so checkpoints and state files
+  // load into the whole model or any other split.
+  std::vector<std::pair<std::string, DistTensor>> named_parameters() const;
+  // Parameters of the whole model (collective over mesh().group(): each counted by the
+  // first stage holding it).
+  int64_t num_parameters() const;
+  // Full tensors by name, of this rank's stages (collective over the stage mesh), and
+  // loading them (strict: a name a stage holds must be there).
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state);
 
   // The runtime for these stages: syncs[k] is stages()[k]'s DDP or FSDP (empty: none).
   std::unique_ptr<Pipeline> make_pipeline(const std::vector<GradientSync*>& syncs, PipelineData data) const;

@@ -1,6 +1,9 @@
 // Tensor parallelism as placements (Megatron-LM's layouts, PyTorch's API names).
 //
-//   parallel::parallelize_module(model, mesh["tp"], parallel::gpt_tp_plan(config));
+//   parallel::parallelize_module(model, mesh["tp"], {{"blocks.*.fc1", parallel::ColwiseParallel{}},
+//                                                    {"blocks.*.fc2", parallel::RowwiseParallel{}}});
+//
+// (models::gpt_tp_plan in models/gpt_parallel.h is Megatron-LM's plan for the GPT.)
 //
 // A style changes the placements of a module's parameters on the tensor-parallel
 // mesh dim and registers forward hooks that move the module's input and output on
@@ -41,7 +44,7 @@
 #include <variant>
 #include <vector>
 
-#include "dtensor/nn/gpt.h"
+#include "dtensor/nn/module.h"
 
 namespace dtensor::parallel {
 
@@ -92,23 +95,9 @@ using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 // Create the optimizer after this call (it holds the parameters).
 void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const ParallelizePlan& plan);
 
-// Megatron-LM's plan for nn::GPT: attention heads (q, k, v column parallel, output
-// projection row parallel) and the MLP hidden dim (up/gate column parallel, down row
-// parallel) sharded, the token embedding vocab parallel (row parallel), and the LM
-// head column parallel over the vocabulary (with tied weights the head is the
-// vocab-sharded embedding itself). Communication per step: one all-reduce per
-// attention and per MLP in forward and in backward (2 per layer per direction),
-// plus one for the embedding forward and one for the head's input gradient.
-//   sequence_parallel: norms and dropout on sequence shards; each all-reduce becomes
-//     a reduce-scatter (forward) and an all-gather (before attention and MLP); the
-//     replicated norm weights' gradients are all-reduced (small).
-//   loss_parallel: the logits stay sharded over the vocabulary and cross_entropy
-//     reduces only [N]-sized statistics; otherwise they are all-gathered.
-struct GPTPlanOptions {
-  bool sequence_parallel = false;
-  bool loss_parallel = true;
-};
-ParallelizePlan gpt_tp_plan(const nn::GPTConfig& config, GPTPlanOptions options = {});
+// The entries of `plan` whose pattern matches a module of `module`: the part of a
+// whole model's plan that applies to a pipeline stage holding some of its layers.
+ParallelizePlan restrict_plan(const ParallelizePlan& plan, nn::Module& module);
 
 // "ColwiseParallel(input R, output S(-1))" and so on.
 std::string style_to_string(const ParallelStyle& style);

@@ -1,0 +1,119 @@
+// models::GPT under every parallel module: Megatron-LM's tensor-parallel plan for it
+// (parallel::restrict_plan fits it to a pipeline stage) and parallelize_gpt, which composes
+// tensor, data (DDP or FSDP/HSDP) and pipeline parallelism from the mesh's dim names
+// as examples/train_gpt does:
+//
+//   DeviceMesh mesh(world, {2, 2, 2}, {"pp", "dp", "tp"});
+//   std::unique_ptr<models::ParallelGPT> gpt =
+//       models::parallelize_gpt(mesh, config, seed, {.fsdp = 3, .pipeline = {.micro_batches = 4}});
+//   AdamW optimizer(gpt->parameters(), {.lr = 3e-3});
+//   parallel::Trainer trainer(optimizer, {.sync = gpt->sync()});   // sync is null with pp
+//   auto pipe = gpt->make_pipeline(ids_of, targets_of);            // with pp
+//
+// Mesh dims by name: "tp" tensor parallel (gpt_tp_plan), "dp" data parallel (DDP, or
+// FSDP with `fsdp` > 0), "replicate" the replica groups of HSDP, "pp" pipeline stages
+// (GPTPipeline: each stage on its dp x tp stage mesh, wrapped as the model would be).
+// The order is the one composition requires: tensor parallelism first, then FSDP or
+// DDP over the tensor-parallel layouts; the optimizer is built from parameters()
+// afterwards.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/models/gpt.h"
+#include "dtensor/models/gpt_pipeline.h"
+#include "dtensor/parallel/ddp.h"
+#include "dtensor/parallel/fsdp.h"
+#include "dtensor/parallel/tensor_parallel.h"
+
+namespace dtensor::models {
+
+// Megatron-LM's plan for models::GPT: attention heads (q, k, v column parallel, output
+// projection row parallel) and the MLP hidden dim (up/gate column parallel, down row
+// parallel) sharded, the token embedding vocab parallel (row parallel), and the LM
+// head column parallel over the vocabulary (with tied weights the head is the
+// vocab-sharded embedding itself). Communication per step: one all-reduce per
+// attention and per MLP in forward and in backward (2 per layer per direction),
+// plus one for the embedding forward and one for the head's input gradient.
+//   sequence_parallel: norms and dropout on sequence shards; each all-reduce becomes
+//     a reduce-scatter (forward) and an all-gather (before attention and MLP); the
+//     replicated norm weights' gradients are all-reduced (small).
+//   loss_parallel: the logits stay sharded over the vocabulary and cross_entropy
+//     reduces only [N]-sized statistics; otherwise they are all-gathered.
+struct GPTPlanOptions {
+  bool sequence_parallel = false;
+  bool loss_parallel = true;
+};
+// For a pipeline stage: parallel::restrict_plan(gpt_tp_plan(config), stage) (a last
+// stage with a tied head holds "tokens" too, and its embedding is vocab parallel).
+parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions options = {});
+
+struct GPTParallelOptions {
+  GPTPlanOptions tp;  // with a "tp" mesh dim
+  // With a "dp" mesh dim: 0 DDP; 1, 2 or 3 FSDP at that ZeRO stage (every block its
+  // own unit, the rest the root's).
+  int fsdp = 0;
+  bool hsdp = false;  // FSDP sharded over dp and replicated over "replicate"
+  // FSDP mixed precision: parameters gathered in this dtype, gradients reduced in F32.
+  std::optional<DType> fsdp_param_dtype;
+  double bucket_mb = 25.0;      // DDP bucket size
+  GPTPipelineOptions pipeline;  // with a "pp" mesh dim
+};
+
+// A GPT laid out over a mesh (see the header comment). Not copyable or movable: the
+// wrappers hold the modules.
+class ParallelGPT {
+ public:
+  ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed, GPTParallelOptions options = {});
+  ParallelGPT(const ParallelGPT&) = delete;
+  ParallelGPT& operator=(const ParallelGPT&) = delete;
+
+  GPT* model() const { return model_.get(); }                // without pp
+  GPTPipeline* pipeline() const { return pipeline_.get(); }  // with pp
+  // The model, or this rank's stages (what a TrainState checkpoints).
+  std::vector<nn::Module*> modules() const;
+  std::vector<DistTensor> parameters() const;
+  // The model's DDP or FSDP (for parallel::TrainerOptions::sync); null with pp (the
+  // pipeline synchronises its stages) or without a dp dim.
+  parallel::GradientSync* sync() const { return pipeline_ || syncs_.empty() ? nullptr : syncs_.front(); }
+  // The GPT's parameter count (collective with pp).
+  int64_t num_parameters() const;
+
+  // The mesh the batch lives on (the mesh, or this rank's stage mesh), the batch's
+  // layout there (Shard(0) over "replicate" and "dp", Replicate over the others), and
+  // this rank's data-parallel index and the data-parallel degree.
+  const DeviceMesh& data_mesh() const;
+  const Placements& batch_layout() const { return batch_layout_; }
+  int64_t dp_rank() const { return dp_rank_; }
+  int64_t dp_size() const { return dp_size_; }
+  // "FSDP ZeRO-3, 1F1B over 4 micro-batches, 2 stages (blocks 0-1 2-3)".
+  std::string describe() const;
+
+  // With pp: the runtime (GPTPipeline::make_pipeline with this rank's syncs).
+  std::unique_ptr<parallel::Pipeline> make_pipeline(std::function<DistTensor(int64_t step, int64_t micro)> ids,
+                                                    std::function<DistTensor(int64_t step, int64_t micro)> targets,
+                                                    std::vector<double> weights = {}) const;
+
+ private:
+  void wrap(nn::Module& module, const DeviceMesh& mesh);  // DDP or FSDP over dp
+
+  DeviceMesh mesh_;
+  GPTParallelOptions options_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<GPTPipeline> pipeline_;
+  std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddps_;
+  std::vector<std::unique_ptr<parallel::FSDPModule>> fsdps_;
+  std::vector<parallel::GradientSync*> syncs_;  // one per wrapped module
+  Placements batch_layout_;
+  int64_t dp_rank_ = 0, dp_size_ = 1;
+};
+
+// A ParallelGPT (collective over the mesh).
+std::unique_ptr<ParallelGPT> parallelize_gpt(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed,
+                                             GPTParallelOptions options = {});
+
+}  // namespace dtensor::models

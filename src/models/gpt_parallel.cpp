@@ -1,0 +1,153 @@
+// models::GPT's tensor-parallel plan and parallelize_gpt.
+#include "dtensor/models/gpt_parallel.h"
+
+#include <algorithm>
+
+#include "util/check.h"
+
+namespace dtensor::models {
+namespace {
+
+constexpr const char* kOp = "parallelize_gpt";
+
+bool has_dim(const DeviceMesh& mesh, const std::string& name) {
+  return std::count(mesh.names().begin(), mesh.names().end(), name) > 0;
+}
+
+// Where a block's row-parallel output goes: reduced whole, or reduce-scattered over
+// the sequence.
+Placement block_output(const GPTPlanOptions& options) {
+  return options.sequence_parallel ? Placement(Shard(1)) : Placement(Replicate());
+}
+
+}  // namespace
+
+parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions options) {
+  using namespace parallel;  // NOLINT(google-build-using-namespace): the style names
+  const bool sp = options.sequence_parallel;
+  const Placement out = block_output(options);
+  ParallelizePlan plan;
+  plan.emplace_back("tokens", RowwiseParallel{.output_layouts = out});
+  if (sp) plan.emplace_back("blocks.*.norm1", SequenceParallel{});
+  plan.emplace_back("blocks.*.attn", PrepareModuleInput{.desired_input_layouts = Replicate()});
+  for (const char* p : {"q", "k", "v"}) plan.emplace_back(std::string("blocks.*.attn.") + p, ColwiseParallel{});
+  plan.emplace_back("blocks.*.attn.out", RowwiseParallel{.output_layouts = out});
+  if (sp) plan.emplace_back("blocks.*.norm2", SequenceParallel{});
+  plan.emplace_back("blocks.*.mlp", PrepareModuleInput{.desired_input_layouts = Replicate()});
+  plan.emplace_back("blocks.*.mlp.up", ColwiseParallel{});
+  if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.mlp.gate", ColwiseParallel{});
+  plan.emplace_back("blocks.*.mlp.down", RowwiseParallel{.output_layouts = out});
+  const Placement logits = options.loss_parallel ? Placement(Shard(-1)) : Placement(Replicate());
+  if (sp) plan.emplace_back("norm", SequenceParallel{});
+  if (config.tie_weights) {
+    // The head is the vocab-sharded embedding: x @ tokens.weight^T is column
+    // parallel by propagation once x is replicated (gathered from its sequence
+    // shards under sequence parallelism).
+    if (sp) plan.emplace_back("norm", PrepareModuleOutput{.desired_output_layouts = Replicate()});
+    plan.emplace_back("head", PrepareModuleOutput{.desired_output_layouts = logits});
+  } else {
+    plan.emplace_back("head", ColwiseParallel{.output_layouts = logits});
+  }
+  return plan;
+}
+
+ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed, GPTParallelOptions options)
+    : mesh_(mesh), options_(std::move(options)) {
+  DT_CHECK_ARG(options_.fsdp >= 0 && options_.fsdp <= 3, kOp, "expected fsdp 0 (DDP) or a ZeRO stage 1-3, got ",
+               options_.fsdp);
+  DT_CHECK_ARG(options_.fsdp == 0 || has_dim(mesh, "dp"), kOp, "FSDP shards over a mesh dim named 'dp'; mesh ",
+               mesh.to_string(), " has none");
+  DT_CHECK_ARG(!options_.hsdp || (options_.fsdp > 0 && has_dim(mesh, "replicate")), kOp,
+               "HSDP needs fsdp > 0 and a mesh dim named 'replicate'; got fsdp ", options_.fsdp, " on mesh ",
+               mesh.to_string());
+  const bool tp = has_dim(mesh, "tp");
+  if (!has_dim(mesh, "pp")) {
+    model_ = std::make_unique<GPT>(mesh, config, seed);
+    // Tensor parallelism first, then DDP or FSDP over the tensor-parallel layouts.
+    if (tp) parallel::parallelize_module(*model_, mesh["tp"], gpt_tp_plan(model_->config(), options_.tp));
+    wrap(*model_, mesh);
+  } else {
+    pipeline_ = std::make_unique<GPTPipeline>(parallel::PipelineMesh(mesh), config, seed, options_.pipeline);
+    const DeviceMesh& stage_mesh = pipeline_->mesh().stage_mesh();
+    for (const auto& stage : pipeline_->stages()) {
+      if (tp) {
+        parallel::parallelize_module(*stage, stage_mesh["tp"],
+                                     parallel::restrict_plan(gpt_tp_plan(pipeline_->config(), options_.tp), *stage));
+      }
+      wrap(*stage, stage_mesh);
+    }
+  }
+  const DeviceMesh& data = data_mesh();
+  for (int d = 0; d < data.ndim(); ++d) {
+    const std::string& name = data.names()[static_cast<size_t>(d)];
+    const bool data_parallel = name == "dp" || name == "replicate";
+    batch_layout_.push_back(data_parallel ? Placement(Shard(0)) : Placement(Replicate()));
+    if (data_parallel) {
+      dp_rank_ = dp_rank_ * data.size(d) + data.coordinate(d);
+      dp_size_ *= data.size(d);
+    }
+  }
+}
+
+void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
+  if (options_.fsdp > 0) {
+    parallel::FSDPOptions fsdp{.stage = options_.fsdp, .replicate_dim = options_.hsdp ? "replicate" : ""};
+    if (options_.fsdp_param_dtype) {
+      fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
+    }
+    for (auto& [_, m] : module.named_modules()) {
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, fsdp);
+    }
+    fsdps_.push_back(std::make_unique<parallel::FSDPModule>(parallel::fully_shard(module, mesh, fsdp)));
+    syncs_.push_back(fsdps_.back().get());
+  } else if (has_dim(mesh, "dp")) {
+    ddps_.push_back(std::make_unique<parallel::DistributedDataParallel>(
+        module, parallel::DDPOptions{.bucket_cap_mb = options_.bucket_mb, .dp_dim = "dp"}));
+    syncs_.push_back(ddps_.back().get());
+  }
+}
+
+std::vector<nn::Module*> ParallelGPT::modules() const {
+  if (model_) return {model_.get()};
+  std::vector<nn::Module*> out;
+  for (const auto& stage : pipeline_->stages()) out.push_back(stage.get());
+  return out;
+}
+
+std::vector<DistTensor> ParallelGPT::parameters() const {
+  return model_ ? model_->parameters() : pipeline_->parameters();
+}
+
+int64_t ParallelGPT::num_parameters() const { return model_ ? model_->num_parameters() : pipeline_->num_parameters(); }
+
+const DeviceMesh& ParallelGPT::data_mesh() const { return pipeline_ ? pipeline_->mesh().stage_mesh() : mesh_; }
+
+std::string ParallelGPT::describe() const {
+  std::string out = options_.fsdp > 0 ? (options_.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(options_.fsdp)
+                    : !ddps_.empty()  ? "DDP"
+                                      : "no data parallelism";
+  if (pipeline_) {
+    std::string split;
+    for (const parallel::StageLayers& l : pipeline_->split()) {
+      split += (split.empty() ? "" : " ") + std::to_string(l.first) + "-" + std::to_string(l.end - 1);
+    }
+    const parallel::Schedule& s = pipeline_->schedule();
+    out += ", " + s.name + " over " + std::to_string(s.micro_batches) + " micro-batches, " + std::to_string(s.stages) +
+           " stages (blocks " + split + ")";
+  }
+  return out;
+}
+
+std::unique_ptr<parallel::Pipeline> ParallelGPT::make_pipeline(std::function<DistTensor(int64_t, int64_t)> ids,
+                                                               std::function<DistTensor(int64_t, int64_t)> targets,
+                                                               std::vector<double> weights) const {
+  DT_CHECK_ARG(pipeline_ != nullptr, kOp, "make_pipeline needs a mesh with a 'pp' dim, got ", mesh_.to_string());
+  return pipeline_->make_pipeline(syncs_, std::move(ids), std::move(targets), std::move(weights));
+}
+
+std::unique_ptr<ParallelGPT> parallelize_gpt(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed,
+                                             GPTParallelOptions options) {
+  return std::make_unique<ParallelGPT>(mesh, config, seed, std::move(options));
+}
+
+}  // namespace dtensor::models

@@ -1,0 +1,167 @@
+// The models wing: models::GPT as an nn::Sequential (the same names on one rank, in a
+// pipeline stage and in checkpoints), its plan fitted to stages, and parallelize_gpt
+// composing TP, DDP, FSDP and PP from the mesh, each trained equal to one rank.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+
+#include "dtensor/dtensor.h"
+#include "test_helpers.h"
+
+namespace dtensor {
+namespace {
+
+models::GPTConfig tiny(bool tied = true) {
+  // No biases: the key projection's bias has an exactly zero gradient, whose rounding
+  // noise AdamW would blow up differently on every layout (see test_train.cpp).
+  return {.vocab = 16, .block_size = 8, .layers = 4, .heads = 2, .dim = 16, .bias = false, .tie_weights = tied};
+}
+
+constexpr int64_t kBatch = 4;
+
+// Step `step`'s tokens [kBatch, block_size] and next-token targets, the same everywhere.
+std::pair<Tensor, Tensor> batch_of(int64_t step, const models::GPTConfig& c) {
+  const SyntheticLanguage data(c.vocab, c.block_size, 4 * kBatch, 3);
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < kBatch; ++r) rows.push_back((step * kBatch + r) % data.size());
+  const TokenBatch b = data.get_batch(rows);
+  return {b.inputs, b.targets};
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::map<std::string, Tensor> params;  // every rank's, by name
+};
+
+// Three AdamW steps of the GPT laid out by parallelize_gpt over `shape` / `names`.
+TrainRun train(const Shape& shape, const std::vector<std::string>& names, models::GPTParallelOptions options,
+               bool tied = true) {
+  TrainRun run;
+  std::mutex mu;
+  const models::GPTConfig config = tiny(tied);
+  launch(static_cast<int>(shape_numel(shape)), [&](Group g) {
+    DeviceMesh mesh(g, shape, names);
+    auto gpt = models::parallelize_gpt(mesh, config, 7, options);
+    AdamW optimizer(gpt->parameters(), {.lr = 1e-2});
+    parallel::Trainer trainer(optimizer, {.sync = gpt->sync()});
+    const DeviceMesh& data = gpt->data_mesh();
+    auto rows = [&](const Tensor& t, int64_t micro, int64_t micros) {
+      const int64_t n = kBatch / micros;
+      return distribute(t.narrow(0, micro * n, n).contiguous(), data, gpt->batch_layout());
+    };
+    std::vector<double> losses;
+    std::unique_ptr<parallel::Pipeline> pipe;
+    if (gpt->pipeline()) {
+      const int micros = options.pipeline.micro_batches;
+      pipe = gpt->make_pipeline(
+          [&, micros](int64_t step, int64_t micro) { return rows(batch_of(step, config).first, micro, micros); },
+          [&, micros](int64_t step, int64_t micro) { return rows(batch_of(step, config).second, micro, micros); });
+    }
+    for (int64_t step = 0; step < 3; ++step) {
+      if (pipe) {
+        losses.push_back(trainer.step(step, *pipe).stats.loss);
+      } else {
+        const auto [ids, targets] = batch_of(step, config);
+        losses.push_back(
+            trainer.step(step, [&](int64_t) { return gpt->model()->loss(rows(ids, 0, 1), rows(targets, 0, 1)); })
+                .stats.loss);
+      }
+    }
+    const std::map<std::string, Tensor> state =
+        gpt->pipeline() ? gpt->pipeline()->state_dict() : gpt->model()->state_dict();
+    const std::lock_guard<std::mutex> lock(mu);
+    run.losses = losses;
+    for (const auto& [name, t] : state) run.params[name] = t;
+  });
+  return run;
+}
+
+void expect_same(const TrainRun& got, const TrainRun& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  ASSERT_LT(want.losses.back(), want.losses.front()) << "the reference learns";
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::fabs(want.losses[i])) << what << ", step " << i;
+  }
+  EXPECT_EQ(got.params.size(), want.params.size()) << what;
+  for (const auto& [name, t] : want.params) {
+    ASSERT_TRUE(got.params.count(name)) << what << ": no " << name;
+    EXPECT_TRUE(allclose(got.params.at(name), t, 1e-4, 1e-5)) << what << ": " << name;
+  }
+}
+
+TEST(Models, GptIsASequentialListingTheTiedEmbeddingOnce) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    models::GPT tied(mesh, tiny(true), 7), untied(mesh, tiny(false), 7);
+    std::vector<std::string> children;
+    for (const auto& [name, _] : tied.entries()) children.push_back(name);
+    EXPECT_EQ(children, (std::vector<std::string>{"tokens", "positions", "dropout", "blocks.0", "blocks.1", "blocks.2",
+                                                  "blocks.3", "norm", "head"}));
+    auto names = [](const nn::Module& m) {
+      std::vector<std::string> out;
+      for (const auto& [name, _] : m.named_parameters()) out.push_back(name);
+      return out;
+    };
+    const std::vector<std::string> t = names(tied), u = names(untied);
+    EXPECT_EQ(std::count(t.begin(), t.end(), "tokens.weight"), 1);
+    EXPECT_EQ(std::count(t.begin(), t.end(), "head.embedding.weight"), 0);
+    EXPECT_EQ(u.back(), "head.weight");
+    EXPECT_EQ(u.size(), t.size() + 1);
+    // The same values as the untied model, where both have the parameter.
+    const auto ts = tied.state_dict(), us = untied.state_dict();
+    for (const auto& [name, v] : ts) EXPECT_TRUE(allclose(v, us.at(name), 0, 0)) << name;
+    EXPECT_THROW_MSG(tied(distribute(Tensor::zeros({2, 9}, DType::I64), mesh, {Replicate()})), std::invalid_argument,
+                     "sequence length 9 exceeds block_size 8");
+  });
+}
+
+TEST(Models, ThePlanFitsEachPipelineStage) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"pp"});
+    parallel::PipelineMesh pm(mesh);
+    const models::GPTConfig config = tiny(true);
+    models::GPTPipeline gpt(pm, config, 7, {.split = {{0, 2}, {2, 4}}});
+    nn::Module& stage = *gpt.stages().front();
+    const parallel::ParallelizePlan plan = parallel::restrict_plan(models::gpt_tp_plan(config), stage);
+    std::vector<std::string> patterns;
+    for (const auto& [pattern, _] : plan) patterns.push_back(pattern);
+    // Both stages hold the embedding (the last for its tied head); only the last the head.
+    EXPECT_EQ(std::count(patterns.begin(), patterns.end(), "tokens"), 1);
+    EXPECT_EQ(std::count(patterns.begin(), patterns.end(), "head"), pm.coordinate() == 1 ? 1 : 0);
+    EXPECT_EQ(std::count(patterns.begin(), patterns.end(), "blocks.*.mlp.up"), 1);
+  });
+}
+
+TEST(Models, ParallelizeGptTrainsAsOneRank) {
+  const TrainRun one = train({1}, {"dp"}, {});
+  expect_same(train({2, 2}, {"dp", "tp"}, {.tp = {.sequence_parallel = true}}), one, "DDP x TP (sequence parallel)");
+  expect_same(train({2, 2}, {"dp", "tp"}, {.fsdp = 3}), one, "FSDP x TP");
+  expect_same(train({2, 2}, {"pp", "dp"}, {.fsdp = 2, .pipeline = {.micro_batches = 2}}), one, "PP x FSDP");
+  expect_same(
+      train({2, 2}, {"pp", "tp"}, {.pipeline = {.schedule = parallel::ScheduleKind::ZeroBubble, .micro_batches = 2}}),
+      one, "PP (zero bubble) x TP");
+  expect_same(train({2}, {"pp"}, {.pipeline = {.micro_batches = 2}}, false), train({1}, {"dp"}, {}, false),
+              "PP, untied head");
+}
+
+TEST(Models, ParallelizeGptRefusesWhatCannotWork) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"tp"});
+    EXPECT_THROW_MSG(models::parallelize_gpt(mesh, tiny(), 7, {.fsdp = 4}), std::invalid_argument,
+                     "expected fsdp 0 (DDP) or a ZeRO stage 1-3, got 4");
+    EXPECT_THROW_MSG(models::parallelize_gpt(mesh, tiny(), 7, {.fsdp = 1}), std::invalid_argument,
+                     "FSDP shards over a mesh dim named 'dp'");
+    EXPECT_THROW_MSG(models::parallelize_gpt(mesh, tiny(), 7, {.hsdp = true}), std::invalid_argument,
+                     "HSDP needs fsdp > 0 and a mesh dim named 'replicate'");
+    auto gpt = models::parallelize_gpt(mesh, tiny(), 7);
+    EXPECT_EQ(gpt->sync(), nullptr) << "no dp dim";
+    EXPECT_THROW_MSG(gpt->make_pipeline(nullptr, nullptr), std::invalid_argument,
+                     "make_pipeline needs a mesh with a 'pp' dim");
+  });
+}
+
+}  // namespace
+}  // namespace dtensor
