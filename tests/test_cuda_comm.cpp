@@ -9,7 +9,7 @@
 // which the CPU comm suites cover.
 #include "comm/block_all_to_all.h"
 #include "comm/call_context.h"
-#include "dtensor/comm_backend.h"
+#include "comm/comm_backend.h"
 #include "dtensor/cuda.h"
 #include "dtensor/dist_tensor.h"
 #include "dtensor/group.h"

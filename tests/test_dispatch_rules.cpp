@@ -4,6 +4,7 @@
 // would leave a large output Partial is charged the bandwidth of its later
 // reduction; one backward function moves a gradient once (MoveMemo).
 #include "dist_op_test_util.h"
+#include "dtensor/dispatch_trace.h"
 #include "dtensor/optim.h"
 
 namespace dtensor {

@@ -115,6 +115,8 @@ class DistTensor {
   // already there). Differentiable: the gradient is copied back to this device.
   DistTensor to(Device device) const;
 
+  // The shared state behind the handle and its autograd record
+  // (src/dist_tensor/dist_tensor_impl.h; internal).
   struct Impl;
   struct AutogradMeta;
   explicit DistTensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -122,29 +124,6 @@ class DistTensor {
 
  private:
   std::shared_ptr<Impl> impl_;
-};
-
-namespace autograd {
-class Node;
-}
-
-struct DistTensor::AutogradMeta {
-  bool requires_grad = false;
-  DistTensor grad;
-  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
-  int output_nr = 0;
-  std::weak_ptr<autograd::Node> accumulator;  // a leaf's gradient sink
-  std::vector<std::function<void(const DistTensor&)>> hooks;
-  // Set on a module parameter another tensor replaced (nn::mark_parameter_replaced).
-  std::string replaced_note;
-};
-
-struct DistTensor::Impl {
-  Tensor local;
-  DeviceMesh mesh;
-  Placements placements;  // normalized
-  Shape global_shape;
-  std::shared_ptr<AutogradMeta> autograd;  // null unless gradients are involved
 };
 
 // Partial placements at creation (distribute, distribute_from, the factories): on a

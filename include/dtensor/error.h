@@ -3,18 +3,15 @@
 // (The library's sources check with the DT_CHECK_* macros of src/util/check.h.)
 #pragma once
 
-#include <cstdint>
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <vector>
+#include <type_traits>
+
+#include "dtensor/shape.h"
 
 namespace dtensor {
-
-using Shape = std::vector<int64_t>;
-
-std::string shape_to_string(const Shape& s);  // "[4, 8]"
 
 namespace detail {
 template <class T>

@@ -15,15 +15,9 @@
 #include "dtensor/device.h"
 #include "dtensor/dtype.h"
 #include "dtensor/error.h"
+#include "dtensor/shape.h"
 
 namespace dtensor {
-
-using Strides = std::vector<int64_t>;
-
-int64_t shape_numel(const Shape& shape);
-Strides contiguous_strides(const Shape& shape);
-// Normalises a possibly negative dim into [0, ndim); throws naming `op` if out of range.
-int normalize_dim(int64_t dim, int64_t ndim, const char* op);
 
 class Tensor {
  public:
@@ -123,19 +117,11 @@ class Tensor {
   Tensor to(DType dtype) const;  // self if the same
   Tensor to(Device device) const;
 
-  struct Impl;  // the shared state behind the handle (internal)
+  struct Impl;  // the shared state behind the handle (src/tensor/tensor_impl.h)
 
  private:
   explicit Tensor(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   std::shared_ptr<Impl> impl_;
-};
-
-struct Tensor::Impl {
-  std::shared_ptr<Storage> storage;
-  DType dtype = DType::F32;
-  Shape shape;
-  Strides strides;
-  int64_t offset = 0;
 };
 
 // ---- comparison helpers (tests and users) ----------------------------------------

@@ -4,6 +4,7 @@
 #include <queue>
 #include <set>
 
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
 #include "util/check.h"

@@ -4,7 +4,7 @@
 // backends that can address peers' memory.
 #pragma once
 
-#include "dtensor/comm_backend.h"
+#include "comm/comm_backend.h"
 #include "dtensor/group.h"
 #include "dtensor/tensor.h"
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "comm/call_context.h"
+#include "comm/comm_backend.h"
 #include "comm/fault_injection.h"
-#include "dtensor/comm_backend.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "dtensor/comm_backend.h"
+#include "comm/comm_backend.h"
 #include "dtensor/error.h"
 #include "util/check.h"
 

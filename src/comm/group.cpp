@@ -6,10 +6,10 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "comm/collective_args.h"
+#include "comm/comm_backend.h"
 #include "comm/fault_injection.h"
 #include "comm/mpi/mpi_backend.h"
 #include "comm/threads/threads_group.h"
-#include "dtensor/comm_backend.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"

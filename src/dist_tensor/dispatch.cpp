@@ -1,6 +1,7 @@
 // Strategy enumeration (einsum rule), choice by cost, and the per-rank decision cache.
 #include "dist_tensor/dispatch.h"
 #include "dtensor/autograd.h"
+#include "dtensor/dispatch_trace.h"
 #include "dtensor/ops.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "dist_tensor/dist_tensor_impl.h"
 #include "placements/planner.h"
 #include "util/check.h"
 

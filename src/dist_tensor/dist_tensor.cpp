@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/error.h"
 #include "mesh/mesh_index.h"
 #include "util/check.h"

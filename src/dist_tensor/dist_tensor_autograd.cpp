@@ -1,5 +1,6 @@
 // DistTensor's autograd members and fluent op forms (they forward to autograd.h and
 // ops.h).
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
 #include "util/check.h"

@@ -8,6 +8,7 @@
 // Partial dims is then the global tensor, whatever order the dims are reduced in.
 #include <map>
 
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/dist_tensor.h"
 #include "dtensor/error.h"
 #include "dtensor/random.h"

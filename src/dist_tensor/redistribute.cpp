@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "comm/call_context.h"
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/autograd.h"
 #include "dtensor/dist_tensor.h"
 #include "placements/cross_mesh.h"

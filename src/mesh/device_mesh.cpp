@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "dtensor/comm_backend.h"
+#include "comm/comm_backend.h"
 #include "dtensor/error.h"
 #include "mesh/mesh_index.h"
 #include "util/check.h"

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "backend/kernels.h"
+#include "tensor/tensor_impl.h"
 #include "util/check.h"
 
 namespace dtensor {

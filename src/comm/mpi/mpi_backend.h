@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "dtensor/comm_backend.h"
+#include "comm/comm_backend.h"
 
 namespace dtensor::comm {
 

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <thread>
 
-#include "dtensor/comm_backend.h"
+#include "comm/comm_backend.h"
 #include "dtensor/error.h"
 
 namespace dtensor::comm {

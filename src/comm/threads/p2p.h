@@ -21,8 +21,8 @@
 #include <mutex>
 #include <string>
 
+#include "comm/comm_backend.h"
 #include "comm/threads/signal.h"
-#include "dtensor/comm_backend.h"
 
 namespace dtensor::comm::threads {
 

@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
+#include "comm/comm_backend.h"
 #include "comm/threads/signal.h"
-#include "dtensor/comm_backend.h"
 #include "dtensor/device.h"
 
 namespace dtensor::comm::threads {
