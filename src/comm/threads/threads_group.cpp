@@ -1,166 +1,19 @@
-// Rendezvous, call checking, split and async execution of the threads backend.
+// The threads backend's group: construction, async calls on a worker thread per rank
+// and group, split, and the collectives (a call descriptor and its algorithm each).
+// The world and a rank's reasons to leave a call are in threads_world.cpp, the
+// rendezvous and call matching in threads_calls.cpp.
 #include "comm/threads/threads_group.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include "comm/call_context.h"
 #include "comm/threads/algorithms.h"
 #include "comm/threads/device_collectives.h"
-#include "comm/threads/p2p.h"
 #include "dtensor/error.h"
 #include "util/check.h"
 
 namespace dtensor::comm::threads {
-
-// ---- World --------------------------------------------------------------------------
-
-World::World(int size)
-    : size_(size),
-      returned_(std::make_unique<std::atomic<bool>[]>(size)),
-      ended_(std::make_unique<std::atomic<bool>[]>(size)),
-      helper_threads_(std::make_unique<std::atomic<bool>[]>(size)),
-      live_workers_(std::make_unique<std::atomic<int>[]>(size)),
-      blocked_(std::make_unique<Blocked[]>(size)) {}
-
-void World::wake_all() {
-  std::vector<std::shared_ptr<Signal>> to_wake;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& weak : signals_) {
-      if (auto s = weak.lock()) to_wake.push_back(std::move(s));
-    }
-  }
-  for (auto& s : to_wake) s->notify();
-}
-
-void World::abort(int rank, const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!aborted_.load()) {
-      reason_ = detail::concat("rank ", rank, " failed: ", message);
-      aborted_.store(true, std::memory_order_seq_cst);
-    }
-  }
-  wake_all();
-}
-
-void World::rank_returned(int rank) {
-  returned_[rank].store(true);
-  rank_ended(rank);
-}
-
-void World::rank_ended(int rank) {
-  ended_[rank].store(true);
-  wake_all();
-}
-
-std::string World::abort_reason() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return reason_;
-}
-
-void World::add_signal(const std::shared_ptr<Signal>& signal) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::erase_if(signals_, [](const std::weak_ptr<Signal>& w) { return w.expired(); });
-  signals_.push_back(signal);
-}
-
-void World::worker_started(int rank) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  live_workers_[rank].fetch_add(1);
-}
-
-void World::worker_finished(int rank) {
-  bool now_gone = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    now_gone = live_workers_[rank].fetch_sub(1) == 1 && returned_[rank].load();
-    workers_cv_.notify_all();
-  }
-  if (now_gone) wake_all();
-}
-
-void World::wait_for_workers() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  // Workers start and finish under the mutex, so the per-rank counts are stable here.
-  workers_cv_.wait(lock, [&] {
-    for (int r = 0; r < size_; ++r) {
-      if (live_workers_[r].load() > 0) return false;
-    }
-    return true;
-  });
-}
-
-// ---- Shared, CallDesc ---------------------------------------------------------------
-
-Shared::Shared(std::vector<int> world_ranks_, std::shared_ptr<World> world_, std::string name_)
-    : size(static_cast<int>(world_ranks_.size())),
-      world(std::move(world_)),
-      world_ranks(std::move(world_ranks_)),
-      name(std::move(name_)),
-      slots(std::make_unique<Slot[]>(size)) {
-  world->add_signal(signal);
-  for (int r = 0; r < size; ++r) {
-    mailboxes.push_back(std::make_unique<Mailbox>());
-    world->add_signal(mailboxes.back()->signal);
-  }
-}
-
-Shared::~Shared() = default;
-
-std::shared_ptr<Shared> make_world(std::shared_ptr<World> world, int size) {
-  std::vector<int> ranks(size);
-  for (int r = 0; r < size; ++r) ranks[r] = r;
-  return std::make_shared<Shared>(std::move(ranks), std::move(world), "world");
-}
-
-std::string CallDesc::to_string() const {
-  std::ostringstream os;
-  if (!user_call.empty()) {
-    os << user_call << " (its " << (purpose.empty() ? "" : purpose + ": ");
-  }
-  os << call_kind_name(kind) << "(";
-  switch (kind) {
-    case CallKind::Barrier: break;
-    case CallKind::Split: os << "color " << color << ", key " << key; break;
-    case CallKind::AllReduce: os << dtype_name(dtype) << ", " << count << " elements, " << reduce_op_name(op); break;
-    case CallKind::Broadcast: os << dtype_name(dtype) << ", " << count << " elements, root " << root; break;
-    default: {
-      os << dtype_name(dtype) << ", counts " << shape_to_string(counts);
-      if (kind == CallKind::AllToAll) {
-        os << " -> " << shape_to_string(recv_counts)
-           << (send_blocks    ? ", strided blocks"
-               : equal_splits ? ", no split sizes"
-                              : ", split sizes given");
-      }
-      if (outer != 1) os << " x " << outer << " rows";
-      if (kind == CallKind::ReduceScatter) os << ", " << reduce_op_name(op);
-      if (kind == CallKind::Gather || kind == CallKind::Scatter) os << ", root " << root;
-    }
-  }
-  if (device.is_cuda()) os << ", on " << device.to_string();
-  os << ")";
-  if (!user_call.empty()) os << ")";
-  return os.str();
-}
-
 namespace {
-
-bool same_call(const CallDesc& a, const CallDesc& b) {
-  if (a.kind != b.kind) return false;
-  switch (a.kind) {
-    case CallKind::Barrier:
-    case CallKind::Split: return true;
-    case CallKind::AllReduce: return a.dtype == b.dtype && a.count == b.count && a.op == b.op;
-    case CallKind::Broadcast: return a.dtype == b.dtype && a.count == b.count && a.root == b.root;
-    case CallKind::AllToAll:  // pairs checked separately
-      return a.dtype == b.dtype && a.equal_splits == b.equal_splits &&
-             (a.send_blocks != nullptr) == (b.send_blocks != nullptr);
-    default:
-      return a.dtype == b.dtype && a.counts == b.counts && a.outer == b.outer && a.op == b.op && a.root == b.root;
-  }
-}
 
 class ThreadsWork final : public WorkImpl {
  public:
@@ -188,7 +41,7 @@ thread_local bool t_on_async_worker = false;
 
 }  // namespace
 
-// ---- ThreadsGroup: rendezvous --------------------------------------------------------
+// ---- ThreadsGroup -------------------------------------------------------------------
 
 ThreadsGroup::ThreadsGroup(std::shared_ptr<Shared> shared, int rank, std::string name)
     : shared_(std::move(shared)), rank_(rank) {
@@ -207,222 +60,9 @@ ThreadsGroup::~ThreadsGroup() {
   }
 }
 
-void ThreadsGroup::throw_if_aborted(const char* op) const {
-  if (!shared_->world->aborted()) return;
-  throw std::runtime_error(
-      detail::concat("[", op, "] released from group '", name_, "' because ", shared_->world->abort_reason()));
-}
-
-std::string ThreadsGroup::launch_ranks(const std::vector<int64_t>& ranks) const {
-  if (shared_->world_ranks.size() == static_cast<size_t>(shared_->world->size())) return "";
-  std::vector<int64_t> in_launch;
-  for (int64_t r : ranks) in_launch.push_back(shared_->world_ranks[r]);
-  if (in_launch.size() == 1) return detail::concat(" (launch rank ", in_launch[0], ")");
-  return detail::concat(" (launch ranks ", shape_to_string(in_launch), ")");
-}
-
-void ThreadsGroup::throw_peer_gone(const char* op, int r) const {
-  throw std::runtime_error(detail::concat(
-      "[", op, "] rank ", r, launch_ranks({r}), " of group '", name_, "' (threads, size ", size(), ", this is rank ",
-      rank_, ") returned from its launch function without making this call: the ranks' calls diverged"));
-}
-
-void ThreadsGroup::throw_timeout(const char* op, const std::string& missing) const {
-  throw std::runtime_error(detail::concat("[", op, "] timed out after ", timeout_.count() / 1000.0, " s in group '",
-                                          name_, "' (threads, size ", size(), ", this is rank ", rank_,
-                                          "): ", missing));
-}
-
 bool on_async_worker() { return t_on_async_worker; }
 
-uint64_t ThreadsGroup::arrive() {
-  const uint64_t target = ++step_;
-  shared_->slots[rank_].step.store(target, std::memory_order_release);
-  // seq_cst pairs with Signal's sleeper count: a peer going to sleep either sees
-  // this arrival or is woken by notify().
-  const uint64_t before = shared_->gate.arrivals.fetch_add(1, std::memory_order_seq_cst);
-  shared_->signal->notify();
-  return before;
-}
-
-void ThreadsGroup::sync() {
-  arrive();
-  const uint64_t need = step_ * static_cast<uint64_t>(size());
-  const Gate& gate = shared_->gate;
-  // The poison bit may be set by a peer that already left a later call's first
-  // barrier; this barrier completes all the same.
-  shared_->signal->wait([&] { return (gate.arrivals.load(std::memory_order_acquire) & ~Gate::kPoisoned) >= need; },
-                        [] { return false; }, Clock::time_point::max());
-}
-
-bool ThreadsGroup::poison(uint64_t target, const std::string& reason) {
-  Gate& gate = shared_->gate;
-  const uint64_t need = target * static_cast<uint64_t>(size());
-  {
-    std::lock_guard<std::mutex> lock(shared_->poison_mutex);
-    uint64_t v = gate.arrivals.load(std::memory_order_acquire);
-    while (true) {
-      // Already poisoned: at this barrier (we leave with the others), or at a later
-      // one, which means this one completed.
-      if (v & Gate::kPoisoned) return gate.poisoned_at.load(std::memory_order_relaxed) == target;
-      if (v >= need) return false;  // completed: every peer may be reading our buffers
-      gate.poisoned_at.store(target, std::memory_order_relaxed);
-      shared_->poison_reason = reason;
-      shared_->poisoned_by = rank_;
-      // The decision point: a late arrival either completed the barrier before this
-      // (the CAS fails and we stay) or finds the bit and touches nothing.
-      if (gate.arrivals.compare_exchange_weak(v, v | Gate::kPoisoned, std::memory_order_acq_rel)) break;
-    }
-  }
-  shared_->signal->notify();
-  return true;
-}
-
-void ThreadsGroup::throw_poisoned(uint64_t target) const {
-  std::string reason;
-  int by = -1;
-  {
-    std::lock_guard<std::mutex> lock(shared_->poison_mutex);
-    reason = shared_->poison_reason;
-    by = shared_->poisoned_by;
-  }
-  if (shared_->gate.poisoned_at.load(std::memory_order_relaxed) == target) {
-    throw std::runtime_error(detail::concat("[", current_op_, "] released from group '", name_, "' because rank ", by,
-                                            " left this call: ", reason));
-  }
-  throw std::runtime_error(detail::concat("[", current_op_, "] group '", name_, "' (threads, size ", size(),
-                                          ", this is rank ", rank_, ") can no longer be used: rank ", by,
-                                          " left an earlier call: ", reason));
-}
-
-std::string ThreadsGroup::timeout_reason(uint64_t target) const {
-  std::vector<int64_t> missing;
-  for (int r = 0; r < size(); ++r) {
-    if (shared_->slots[r].step.load(std::memory_order_acquire) < target) missing.push_back(r);
-  }
-  return detail::concat("[", current_op_, "] timed out after ", timeout_.count() / 1000.0, " s in group '", name_,
-                        "' (threads, size ", size(), ", this is rank ", rank_, "): ranks ", shape_to_string(missing),
-                        launch_ranks(missing), " did not arrive");
-}
-
-std::string ThreadsGroup::reason_to_leave(uint64_t target, bool walk_graph) {
-  const World& world = *shared_->world;
-  if (world.aborted()) {
-    return detail::concat("[", current_op_, "] released from group '", name_, "' because ", world.abort_reason());
-  }
-  const Slot* slots = shared_->slots.get();
-  // A missing rank that returned from its launch function, with no async call
-  // queued or running on this group, will never arrive. In that order, then the
-  // step: a call's arrival is stored before it stops being pending.
-  for (int r = 0; r < size(); ++r) {
-    if (peer_returned(r) && slots[r].pending_async.load(std::memory_order_seq_cst) == 0 &&
-        slots[r].step.load(std::memory_order_acquire) < target) {
-      return detail::concat("[", current_op_, "] rank ", r, launch_ranks({r}), " of group '", name_,
-                            "' (threads, size ", size(), ", this is rank ", rank_,
-                            ") returned from its launch function without making this call: the ranks' calls diverged");
-    }
-  }
-  if (walk_graph) {
-    std::string cycle = world.find_deadlock(world_rank());
-    if (!cycle.empty()) {
-      return detail::concat("[", current_op_, "] deadlock in group '", name_, "' (threads, size ", size(),
-                            ", this is rank ", rank_, "): ", cycle, ": the ranks' calls diverged");
-    }
-  }
-  return "";
-}
-
-void ThreadsGroup::enter_call() {
-  const uint64_t before = arrive();
-  const uint64_t target = step_;
-  const Gate& gate = shared_->gate;
-  if (before & Gate::kPoisoned) throw_poisoned(target);
-  const uint64_t need = target * static_cast<uint64_t>(size());
-  auto broken = [&](uint64_t v) {
-    return (v & Gate::kPoisoned) && gate.poisoned_at.load(std::memory_order_relaxed) == target;
-  };
-  auto ready = [&] {
-    const uint64_t v = gate.arrivals.load(std::memory_order_acquire);
-    return (v & ~Gate::kPoisoned) >= need && !broken(v);
-  };
-  const auto deadline = this->deadline();
-  std::string reason;
-  // Every check of a waiting rank: flags only (ranks time-sharing a core wait past
-  // the spinning on most calls, and must not pay for more each time).
-  auto stuck = [&] {
-    if (broken(gate.arrivals.load(std::memory_order_acquire))) return true;
-    reason = reason_to_leave(target, false);
-    return !reason.empty();
-  };
-  // Once the wait sleeps (half a millisecond in), the rank's own thread publishes
-  // what it waits for and walks the wait-for graph, once per sleep slice.
-  bool published = false;
-  auto slow = [&] {
-    if (!on_own_thread()) return false;
-    if (!published) shared_->world->block(world_rank(), shared_, target, me().to_string());
-    published = true;
-    reason = reason_to_leave(target, true);
-    return !reason.empty();
-  };
-  const WaitResult result = shared_->signal->wait(ready, stuck, deadline, slow);
-  if (published) shared_->world->unblock(world_rank());
-  if (result == WaitResult::Ready) return;
-  if (result == WaitResult::TimedOut) reason = timeout_reason(target);
-  if (reason.empty()) throw_poisoned(target);  // a peer left first
-  if (!poison(target, reason)) return;         // every rank arrived meanwhile: go on
-  throw std::runtime_error(reason);
-}
-
-void ThreadsGroup::check_same_call() {
-  const int n = size();
-  std::string mismatch;
-  // Buffers on the CPU on some ranks and on a GPU on others (several GPUs are fine).
-  for (int r = 1; r < n && mismatch.empty(); ++r) {
-    if (peer(r).device.type != peer(0).device.type) {
-      mismatch = detail::concat("rank 0 passed tensors on ", peer(0).device.to_string(), ", rank ", r, " on ",
-                                peer(r).device.to_string(), " (all ranks' tensors must be on the CPU or all on GPUs)");
-    }
-  }
-  for (int r = 1; r < n && mismatch.empty(); ++r) {
-    if (!same_call(peer(0), peer(r))) {
-      mismatch = detail::concat("rank 0 called ", peer(0).to_string(), ", rank ", r, " called ", peer(r).to_string());
-    }
-  }
-  // all_to_all: what rank s sends to r must be what r expects from s.
-  if (mismatch.empty() && peer(0).kind == CallKind::AllToAll) {
-    for (int s = 0; s < n && mismatch.empty(); ++s) {
-      for (int r = 0; r < n && mismatch.empty(); ++r) {
-        if (peer(s).counts[r] != peer(r).recv_counts[s]) {
-          mismatch = detail::concat("rank ", s, " sends ", peer(s).counts[r], " elements to rank ", r,
-                                    " which expects ", peer(r).recv_counts[s], "; rank ", s, " called ",
-                                    peer(s).to_string(), ", rank ", r, " called ", peer(r).to_string());
-        }
-      }
-    }
-  }
-  if (mismatch.empty()) return;
-  sync();  // every rank saw the same descriptors; let all finish reading them (no abort can cut this short)
-  throw std::invalid_argument(
-      detail::concat("[", current_op_, "] ranks made different calls in group '", name_, "': ", mismatch));
-}
-
-void ThreadsGroup::run_now(const CallDesc& desc, const Algorithm& algorithm) {
-  current_op_ = call_kind_name(desc.kind);
-  ++calls_;
-  shared_->slots[rank_].desc = &desc;
-  enter_call();
-  // From here on every rank reads every descriptor and buffer until the last barrier.
-  check_same_call();
-  // An algorithm that throws still ends at the last barrier its peers wait at.
-  std::exception_ptr failed;
-  try {
-    algorithm(*this);
-  } catch (...) {
-    failed = std::current_exception();
-  }
-  sync();
-  if (failed) std::rethrow_exception(failed);
-}
+// ---- ThreadsGroup: async execution --------------------------------------------------
 
 void ThreadsGroup::drain_async() {
   if (!queue_) return;
@@ -502,20 +142,6 @@ WorkPtr ThreadsGroup::run(std::shared_ptr<CallDesc> desc, bool async, Algorithm 
   }
   queue_->work.notify();
   return work;
-}
-
-void ThreadsGroup::injected_stall() {
-  const World& world = *shared_->world;
-  const int me = shared_->world_ranks[rank_];
-  auto others_gone = [&] {
-    for (int r = 0; r < world.size(); ++r) {
-      if (r != me && !world.gone(r)) return false;
-    }
-    return true;
-  };
-  while (!world.aborted() && !others_gone()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  throw std::runtime_error(detail::concat("[fault] launch rank ", me, " stalled (DTENSOR_FAULT) until ",
-                                          world.aborted() ? world.abort_reason() : "every other rank returned"));
 }
 
 // ---- ThreadsGroup: split -----------------------------------------------------------
