@@ -28,6 +28,7 @@
 #include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/parallel/trainer.h"
 #include "mesh/mesh_index.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -626,29 +627,13 @@ struct TrainLayout {
   int fsdp = 0;      // 0: DDP over dp (when dp > 1)
 };
 
-struct TrainRun {
-  std::vector<double> losses;  // of the steps this run took
-  std::map<std::string, Tensor> params;
-};
-
-models::GPTConfig tiny_gpt() {
-  models::GPTConfig c;
-  c.vocab = 16;
-  c.block_size = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.dim = 16;
-  c.bias = false;  // see test_train.cpp: a zero-gradient bias makes layouts diverge
-  return c;
-}
-
 // Steps [start, steps) of AdamW on `layout`, where start is 0 or the loaded checkpoint's
 // step; saves after step `save_after` (1-based count) when save_dir is set.
-TrainRun train(const TrainLayout& layout, int64_t steps, const std::string& load_dir = "",
-               const std::string& save_dir = "", int64_t save_after = 0) {
-  TrainRun result;
+dtensor::testing::TrainingRun train(const TrainLayout& layout, int64_t steps, const std::string& load_dir = "",
+                                    const std::string& save_dir = "", int64_t save_after = 0) {
+  dtensor::testing::TrainingRun result;
   const MeshSpec spec = parse_mesh_spec(layout.mesh);
-  const models::GPTConfig config = tiny_gpt();
+  const models::GPTConfig config = dtensor::testing::tiny_gpt();
   const int64_t global_batch = 8;
   launch(static_cast<int>(shape_numel(spec.shape)), [&](Group world) {
     DeviceMesh mesh(world, spec.shape, spec.names);
@@ -704,8 +689,8 @@ TrainRun train(const TrainLayout& layout, int64_t steps, const std::string& load
 // The uninterrupted run against one saved after 3 steps and resumed on `to`.
 void expect_resume_matches(const TrainLayout& from, const TrainLayout& to, double rtol) {
   ScratchDir dir;
-  const TrainRun whole = train(from, 6, "", dir / "c", 3);
-  const TrainRun resumed = train(to, 6, dir / "c");
+  const dtensor::testing::TrainingRun whole = train(from, 6, "", dir / "c", 3);
+  const dtensor::testing::TrainingRun resumed = train(to, 6, dir / "c");
   ASSERT_EQ(whole.losses.size(), 6u);
   ASSERT_EQ(resumed.losses.size(), 3u) << "the resumed run starts at step 4";
   for (size_t i = 0; i < 3; ++i) {
@@ -757,7 +742,7 @@ TEST(CheckpointResume, AnotherGlobalBatchIsRefused) {
   expect_all_contain(errors_of(1,
                                [&](Group world) {
                                  DeviceMesh mesh(world, {1}, {"dp"});
-                                 models::GPT model(mesh, tiny_gpt(), 42);
+                                 models::GPT model(mesh, dtensor::testing::tiny_gpt(), 42);
                                  DistributedSampler sampler(64, 16, 0, 1, 5);
                                  TrainState state{.modules = {&model}, .sampler = &sampler};
                                  load(dir / "c", state, world);
@@ -769,7 +754,7 @@ TEST(CheckpointResume, DropoutCountersAndTheLossScalerRoundTrip) {
   ScratchDir dir;
   launch(1, [&](Group world) {
     DeviceMesh mesh(world, {1});
-    models::GPTConfig config = tiny_gpt();
+    models::GPTConfig config = dtensor::testing::tiny_gpt();
     config.dropout = 0.1;
     models::GPT model(mesh, config, 1);
     const DistTensor ids = DistTensor::from_local(Tensor::zeros({1, 8}, DType::I64), mesh, {Replicate()});
@@ -806,7 +791,7 @@ TEST(CheckpointResume, LoadingIntoARunningFsdpModelRefreshesItsGatheredParameter
     std::vector<double> losses(2);
     launch(2, [&](Group world) {
       DeviceMesh mesh(world, {2}, {"dp"});
-      const models::GPTConfig config = tiny_gpt();
+      const models::GPTConfig config = dtensor::testing::tiny_gpt();
       const Shape shape{8, config.block_size};
       const DistTensor ids =
           DistTensor::from_local(Tensor::zeros({4, config.block_size}, DType::I64), mesh, {Shard(0)}, shape);
@@ -990,7 +975,7 @@ TEST(CheckpointSafetensors, ImportsAFileThePythonPackageWroteOntoShards) {
 // A GPT exported from one rank loads into a tensor-parallel GPT, value for value.
 TEST(CheckpointSafetensors, AGptExportedFromOneRankImportsIntoTensorParallelShards) {
   ScratchDir dir;
-  const models::GPTConfig config = tiny_gpt();
+  const models::GPTConfig config = dtensor::testing::tiny_gpt();
   std::map<std::string, Tensor> reference;
   launch(1, [&](Group world) {
     DeviceMesh mesh(world, {1});

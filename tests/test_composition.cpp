@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "dtensor/dtensor.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 namespace dtensor {
@@ -63,18 +64,13 @@ parallel::ParallelizePlan block_plan() {
   return {{"blocks.*.fc1", parallel::ColwiseParallel{}}, {"blocks.*.fc2", parallel::RowwiseParallel{}}};
 }
 
-struct Run {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;
-};
-
 // The wrappers a run applies, in order, to the model on a (dp, tp) mesh; returns the
 // gradient sync (or null) and keeps what must outlive training in `keep`.
 using Layout = std::function<parallel::GradientSync*(ResidualMLP&, const DeviceMesh&, std::shared_ptr<void>& keep)>;
 
 // Mean squared error of the model on 8 fixed rows per step, the rows sharded over dp.
-Run train(int world, Shape mesh_shape, const Layout& layout, int steps = 4) {
-  Run result;
+dtensor::testing::TrainingRun train(int world, Shape mesh_shape, const Layout& layout, int steps = 4) {
+  dtensor::testing::TrainingRun result;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, mesh_shape, {"dp", "tp"});
     ResidualMLP model(mesh, 7);
@@ -101,16 +97,6 @@ Run train(int world, Shape mesh_shape, const Layout& layout, int steps = 4) {
   return result;
 }
 
-void expect_same(const Run& a, const Run& b, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i)
-    EXPECT_NEAR(a.losses[i], b.losses[i], 1e-5 * std::fabs(b.losses[i])) << what;
-  ASSERT_EQ(a.params.size(), b.params.size()) << what;
-  for (const auto& [name, t] : b.params) {
-    EXPECT_TRUE(allclose(a.params.at(name), t, 1e-5, 1e-6)) << what << ": " << name;
-  }
-}
-
 parallel::GradientSync* nothing(ResidualMLP&, const DeviceMesh&, std::shared_ptr<void>&) { return nullptr; }
 
 parallel::GradientSync* tensor_parallel(ResidualMLP& m, const DeviceMesh& mesh, std::shared_ptr<void>&) {
@@ -131,28 +117,28 @@ parallel::GradientSync* ddp(ResidualMLP& m, const DeviceMesh&, std::shared_ptr<v
   return d.get();
 }
 
-const Run& one_rank() {
-  static const Run run = train(1, {1, 1}, nothing);
+const dtensor::testing::TrainingRun& one_rank() {
+  static const dtensor::testing::TrainingRun run = train(1, {1, 1}, nothing);
   return run;
 }
 
 TEST(Composition, OwnModelTrainsAsOneRankUnderEveryModuleAndGoodOrder) {
   ASSERT_LT(one_rank().losses.back(), one_rank().losses.front());
-  expect_same(train(2, {1, 2}, tensor_parallel), one_rank(), "TP");
-  expect_same(train(2, {2, 1}, fsdp), one_rank(), "FSDP");
-  expect_same(train(2, {2, 1}, ddp), one_rank(), "DDP");
-  expect_same(train(4, {2, 2},
-                    [](ResidualMLP& m, const DeviceMesh& mesh, std::shared_ptr<void>& keep) {
-                      tensor_parallel(m, mesh, keep);
-                      return fsdp(m, mesh, keep);
-                    }),
-              one_rank(), "TP then FSDP");
-  expect_same(train(4, {2, 2},
-                    [](ResidualMLP& m, const DeviceMesh& mesh, std::shared_ptr<void>& keep) {
-                      tensor_parallel(m, mesh, keep);
-                      return ddp(m, mesh, keep);
-                    }),
-              one_rank(), "TP then DDP");
+  dtensor::testing::expect_equivalent(train(2, {1, 2}, tensor_parallel), one_rank(), "TP");
+  dtensor::testing::expect_equivalent(train(2, {2, 1}, fsdp), one_rank(), "FSDP");
+  dtensor::testing::expect_equivalent(train(2, {2, 1}, ddp), one_rank(), "DDP");
+  dtensor::testing::expect_equivalent(train(4, {2, 2},
+                                            [](ResidualMLP& m, const DeviceMesh& mesh, std::shared_ptr<void>& keep) {
+                                              tensor_parallel(m, mesh, keep);
+                                              return fsdp(m, mesh, keep);
+                                            }),
+                                      one_rank(), "TP then FSDP");
+  dtensor::testing::expect_equivalent(train(4, {2, 2},
+                                            [](ResidualMLP& m, const DeviceMesh& mesh, std::shared_ptr<void>& keep) {
+                                              tensor_parallel(m, mesh, keep);
+                                              return ddp(m, mesh, keep);
+                                            }),
+                                      one_rank(), "TP then DDP");
 }
 
 // Each wrong order on a 2x2 mesh, caught where it is made.
@@ -227,9 +213,9 @@ std::shared_ptr<nn::Sequential> sequential_mlp(const DeviceMesh& mesh) {
 }
 
 // Two pipeline ranks (times `dp` data-parallel ranks with DDP per stage), 2 micro-batches of 4 rows.
-Run train_pipeline(parallel::ScheduleKind kind, std::vector<std::string> split_before, int virtual_stages = 1,
-                   int dp = 1) {
-  Run result;
+dtensor::testing::TrainingRun train_pipeline(parallel::ScheduleKind kind, std::vector<std::string> split_before,
+                                             int virtual_stages = 1, int dp = 1) {
+  dtensor::testing::TrainingRun result;
   launch(2 * dp, [&](Group g) {
     DeviceMesh mesh(g, {2, dp}, {"pp", "dp"});
     parallel::PipelineMesh pp(mesh);
@@ -276,13 +262,16 @@ Run train_pipeline(parallel::ScheduleKind kind, std::vector<std::string> split_b
 
 TEST(Composition, OwnSequentialModelPipelinesAsOneRankUnderEverySchedule) {
   using parallel::ScheduleKind;
-  expect_same(train_pipeline(ScheduleKind::GPipe, {"blocks.1"}), one_rank(), "GPipe");
-  expect_same(train_pipeline(ScheduleKind::OneFOneB, {"blocks.1"}), one_rank(), "1F1B");
-  expect_same(train_pipeline(ScheduleKind::ZeroBubble, {"norm"}), one_rank(), "zero bubble");
-  expect_same(train_pipeline(ScheduleKind::Interleaved1F1B, {"blocks.0", "blocks.1", "norm"}, 2), one_rank(),
-              "interleaved, 4 stages on 2 ranks");
-  expect_same(train_pipeline(ScheduleKind::OneFOneB, {}), one_rank(), "1F1B, split balanced by parameters");
-  expect_same(train_pipeline(ScheduleKind::OneFOneB, {"blocks.1"}, 1, 2), one_rank(), "1F1B x DDP over dp=2");
+  dtensor::testing::expect_equivalent(train_pipeline(ScheduleKind::GPipe, {"blocks.1"}), one_rank(), "GPipe");
+  dtensor::testing::expect_equivalent(train_pipeline(ScheduleKind::OneFOneB, {"blocks.1"}), one_rank(), "1F1B");
+  dtensor::testing::expect_equivalent(train_pipeline(ScheduleKind::ZeroBubble, {"norm"}), one_rank(), "zero bubble");
+  dtensor::testing::expect_equivalent(
+      train_pipeline(ScheduleKind::Interleaved1F1B, {"blocks.0", "blocks.1", "norm"}, 2), one_rank(),
+      "interleaved, 4 stages on 2 ranks");
+  dtensor::testing::expect_equivalent(train_pipeline(ScheduleKind::OneFOneB, {}), one_rank(),
+                                      "1F1B, split balanced by parameters");
+  dtensor::testing::expect_equivalent(train_pipeline(ScheduleKind::OneFOneB, {"blocks.1"}, 1, 2), one_rank(),
+                                      "1F1B x DDP over dp=2");
 }
 
 // A head that reuses the input layer's weight (a tied embedding and head): x @ W maps

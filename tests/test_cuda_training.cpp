@@ -11,6 +11,7 @@
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
 #include "dtensor/parallel/trainer.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -19,27 +20,11 @@ namespace {
 
 const Device kGpu = Device::cuda(0);
 
-models::GPTConfig tiny() {
-  models::GPTConfig c;
-  c.vocab = 16;
-  c.block_size = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.dim = 16;
-  c.bias = false;  // as test_train: the key bias's zero gradient would be AdamW-normalised noise
-  return c;
-}
-
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;  // on the CPU
-};
-
 // `steps` steps of AdamW with a global batch of 8, data parallel over `world` ranks
 // (DDP, or FSDP stage 3 per block), the model and the batches on `device`.
-RunResult train(int world, Device device, int steps, bool fsdp = false) {
-  RunResult result;
-  const models::GPTConfig config = tiny();
+dtensor::testing::TrainingRun train(int world, Device device, int steps, bool fsdp = false) {
+  dtensor::testing::TrainingRun result;
+  const models::GPTConfig config = dtensor::testing::tiny_gpt();
   const int64_t global_batch = 8;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, {world}, {"dp"});
@@ -86,9 +71,9 @@ RunResult train(int world, Device device, int steps, bool fsdp = false) {
 
 // The same training as train(1, ...) through a GPT pipeline of `pp` stages (one per
 // rank) with two micro-batches per step, the stages and the batches on `device`.
-RunResult train_pipelined(int pp, Device device, int steps, parallel::ScheduleKind schedule) {
-  RunResult result;
-  const models::GPTConfig config = tiny();
+dtensor::testing::TrainingRun train_pipelined(int pp, Device device, int steps, parallel::ScheduleKind schedule) {
+  dtensor::testing::TrainingRun result;
+  const models::GPTConfig config = dtensor::testing::tiny_gpt();
   const int64_t global_batch = 8, micro_batches = 2;
   std::mutex mutex;
   launch(pp, [&](Group g) {
@@ -121,25 +106,13 @@ RunResult train_pipelined(int pp, Device device, int steps, parallel::ScheduleKi
   return result;
 }
 
-void expect_same_training(const RunResult& a, const RunResult& b, double rtol, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) {
-    EXPECT_NEAR(a.losses[i], b.losses[i], rtol * std::fabs(b.losses[i])) << what << " step " << i;
-  }
-  for (const auto& [name, t] : b.params) {
-    ASSERT_TRUE(a.params.count(name)) << name;
-    EXPECT_TRUE(allclose(a.params.at(name), t, rtol, 1e-5))
-        << what << " parameter " << name << ": " << compare(a.params.at(name), t, rtol, 1e-5).to_string();
-  }
-}
-
 }  // namespace
 
 TEST(ModuleTo, TheSameDeviceKeepsTheParameters) {
   // Runs everywhere: moving to where the parameters are copies nothing.
   launch(1, [](Group g) {
     DeviceMesh mesh(g, {1});
-    models::GPT model(mesh, tiny(), 42);
+    models::GPT model(mesh, dtensor::testing::tiny_gpt(), 42);
     std::vector<const void*> before;
     for (const DistTensor& p : model.parameters()) before.push_back(p.to_local().data_ptr());
     model.to(Device::cpu());
@@ -157,7 +130,7 @@ TEST(ModuleTo, AGpuWhereThereIsNoneFailsOnTheCopy) {
   if (std::getenv("DTENSOR_REQUIRE_GPU")) FAIL() << "DTENSOR_REQUIRE_GPU is set but no GPU is visible";
   launch(1, [](Group g) {
     DeviceMesh mesh(g, {1});
-    models::GPT model(mesh, tiny(), 42);
+    models::GPT model(mesh, dtensor::testing::tiny_gpt(), 42);
     EXPECT_THROW(model.to(kGpu), std::exception);
     const DistTensor x = ones({2}, mesh, {Replicate()});
     EXPECT_THROW(x.to(kGpu), std::exception);
@@ -186,42 +159,44 @@ TEST(DistTensorToDevice, TheGradientReturnsToTheSourceDevice) {
 TEST(ModuleTo, TheHarnessMatchesOneRankOnTheCpu) {
   // Runs everywhere: the GPU tests below differ from this only in the device, so a
   // failure there is the GPU's.
-  const RunResult one = train(1, Device::cpu(), 3);
-  expect_same_training(train(2, Device::cpu(), 3), one, 1e-5, "DDP=2 on the CPU");
-  expect_same_training(train(2, Device::cpu(), 3, true), one, 1e-5, "FSDP=2 on the CPU");
+  const dtensor::testing::TrainingRun one = train(1, Device::cpu(), 3);
+  dtensor::testing::expect_equivalent(train(2, Device::cpu(), 3), one, "DDP=2 on the CPU");
+  dtensor::testing::expect_equivalent(train(2, Device::cpu(), 3, true), one, "FSDP=2 on the CPU");
 }
 
 TEST(ModuleTo, ThePipelineHarnessMatchesOneRankOnTheCpu) {
-  const RunResult one = train(1, Device::cpu(), 3);
-  expect_same_training(train_pipelined(2, Device::cpu(), 3, parallel::ScheduleKind::OneFOneB), one, 1e-5,
-                       "1F1B over 2 stages on the CPU");
+  const dtensor::testing::TrainingRun one = train(1, Device::cpu(), 3);
+  dtensor::testing::expect_equivalent(train_pipelined(2, Device::cpu(), 3, parallel::ScheduleKind::OneFOneB), one,
+                                      "1F1B over 2 stages on the CPU");
 }
 
 TEST(ModuleTo, GptTrainsOnOneGpuAsOnTheCpu) {
   REQUIRE_GPU();
-  const RunResult cpu = train(1, Device::cpu(), 6);
+  const dtensor::testing::TrainingRun cpu = train(1, Device::cpu(), 6);
   ASSERT_LT(cpu.losses.back(), cpu.losses.front()) << "the loss should fall";
   // Different summation orders (cuBLAS, the row kernels) under AdamW's normalisation.
-  expect_same_training(train(1, kGpu, 6), cpu, 1e-4, "one rank on the GPU");
+  dtensor::testing::expect_equivalent(train(1, kGpu, 6), cpu, "one rank on the GPU", dtensor::testing::kAcrossDevices);
 }
 
 TEST(ModuleTo, DdpWithTwoRanksOnOneGpuMatchesTheCpu) {
   REQUIRE_GPU();
-  const RunResult cpu = train(1, Device::cpu(), 6);
-  expect_same_training(train(2, kGpu, 6), cpu, 1e-4, "DDP=2 on one GPU");
+  const dtensor::testing::TrainingRun cpu = train(1, Device::cpu(), 6);
+  dtensor::testing::expect_equivalent(train(2, kGpu, 6), cpu, "DDP=2 on one GPU", dtensor::testing::kAcrossDevices);
 }
 
 TEST(ModuleTo, FsdpWithTwoRanksOnOneGpuMatchesTheCpu) {
   REQUIRE_GPU();
-  const RunResult cpu = train(1, Device::cpu(), 6);
-  expect_same_training(train(2, kGpu, 6, true), cpu, 1e-4, "FSDP (ZeRO-3) over 2 ranks on one GPU");
+  const dtensor::testing::TrainingRun cpu = train(1, Device::cpu(), 6);
+  dtensor::testing::expect_equivalent(train(2, kGpu, 6, true), cpu, "FSDP (ZeRO-3) over 2 ranks on one GPU",
+                                      dtensor::testing::kAcrossDevices);
 }
 
 TEST(ModuleTo, APipelineOfTwoStagesOnOneGpuMatchesTheCpu) {
   REQUIRE_GPU();
-  const RunResult cpu = train(1, Device::cpu(), 6);
+  const dtensor::testing::TrainingRun cpu = train(1, Device::cpu(), 6);
   for (parallel::ScheduleKind kind : {parallel::ScheduleKind::OneFOneB, parallel::ScheduleKind::ZeroBubble}) {
-    expect_same_training(train_pipelined(2, kGpu, 6, kind), cpu, 1e-4,
-                         std::string(parallel::schedule_kind_name(kind)) + " over 2 stages on one GPU");
+    dtensor::testing::expect_equivalent(train_pipelined(2, kGpu, 6, kind), cpu,
+                                        std::string(parallel::schedule_kind_name(kind)) + " over 2 stages on one GPU",
+                                        dtensor::testing::kAcrossDevices);
   }
 }

@@ -12,7 +12,8 @@
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/parallel/trainer.h"
-#include "parallel/fsdp_flat.h"
+#include "parallel/flat_layout.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -113,9 +114,7 @@ struct Setup {
   bool sgd = false;  // SGD with momentum (scale-sensitive, unlike Adam) instead of AdamW
 };
 
-struct TrainRun {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;
+struct TrainRun : dtensor::testing::TrainingRun {
   parallel::FSDPStats stats;
   std::map<std::string, std::string> placements;  // of rank 0's parameters
 };
@@ -201,19 +200,6 @@ TrainRun train(const Setup& s) {
   return result;
 }
 
-void expect_same_training(const TrainRun& a, const TrainRun& b, const std::string& what, double rtol = 1e-5) {
-  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
-  for (size_t i = 0; i < a.losses.size(); ++i) {
-    EXPECT_NEAR(a.losses[i], b.losses[i], rtol * std::fabs(b.losses[i])) << what << " step " << i;
-  }
-  ASSERT_EQ(a.params.size(), b.params.size()) << what;
-  for (const auto& [name, t] : b.params) {
-    ASSERT_TRUE(a.params.count(name)) << what << ": " << name;
-    EXPECT_TRUE(allclose(a.params.at(name), t, rtol, 1e-5))
-        << what << " parameter " << name << ": " << compare(a.params.at(name), t, rtol, 1e-5).to_string();
-  }
-}
-
 const TrainRun& one_rank() {
   static const TrainRun run = train({});
   return run;
@@ -227,7 +213,7 @@ TEST(Fsdp, StagesOneTwoThreeMatchOneRankAtDp2AndDp4) {
   for (int world : {2, 4}) {
     for (int s : {1, 2, 3}) {
       const TrainRun run = train({.world = world, .fsdp = stage(s)});
-      expect_same_training(run, one, "stage " + std::to_string(s) + " DP=" + std::to_string(world));
+      dtensor::testing::expect_equivalent(run, one, "stage " + std::to_string(s) + " DP=" + std::to_string(world));
       EXPECT_EQ(run.placements.at("tokens.weight"), "S(0)");
       EXPECT_EQ(run.placements.at("blocks.0.mlp.up.weight"), "S(0)");
     }
@@ -241,31 +227,37 @@ TEST(Fsdp, SgdTrainingMatchesOneRankForEveryStageAndLayout) {
   ASSERT_LT(one.losses.back(), one.losses.front());
   for (int world : {2, 4}) {
     for (int s : {1, 2, 3}) {
-      expect_same_training(train({.world = world, .fsdp = stage(s), .steps = 6, .sgd = true}), one,
-                           "SGD stage " + std::to_string(s) + " DP=" + std::to_string(world));
+      dtensor::testing::expect_equivalent(train({.world = world, .fsdp = stage(s), .steps = 6, .sgd = true}), one,
+                                          "SGD stage " + std::to_string(s) + " DP=" + std::to_string(world));
     }
   }
   parallel::FSDPOptions hsdp = stage(3);
   hsdp.replicate_dim = "replicate";
-  expect_same_training(train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"replicate", "dp"}, .fsdp = hsdp,
-                              .steps = 6, .sgd = true}),
-                       one, "SGD HSDP 2x2");
-  expect_same_training(train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}, .fsdp = stage(3),
-                              .tensor_parallel = true, .steps = 6, .sgd = true}),
-                       one, "SGD FSDP over TP 2x2");
-  expect_same_training(train({.world = 2, .fsdp = stage(1), .accum = 2, .steps = 6, .sgd = true}),
-                       train({.accum = 2, .steps = 6, .sgd = true}), "SGD stage 1 accumulation");
+  dtensor::testing::expect_equivalent(
+      train(
+          {.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"replicate", "dp"}, .fsdp = hsdp, .steps = 6, .sgd = true}),
+      one, "SGD HSDP 2x2");
+  dtensor::testing::expect_equivalent(train({.world = 4,
+                                             .mesh_shape = {2, 2},
+                                             .mesh_names = {"dp", "tp"},
+                                             .fsdp = stage(3),
+                                             .tensor_parallel = true,
+                                             .steps = 6,
+                                             .sgd = true}),
+                                      one, "SGD FSDP over TP 2x2");
+  dtensor::testing::expect_equivalent(train({.world = 2, .fsdp = stage(1), .accum = 2, .steps = 6, .sgd = true}),
+                                      train({.accum = 2, .steps = 6, .sgd = true}), "SGD stage 1 accumulation");
 }
 
 TEST(Fsdp, ReshardAfterForwardOffAndPrefetchOffMatchOneRank) {
   parallel::FSDPOptions keep = stage(3);
   keep.reshard_after_forward = false;
   const TrainRun kept = train({.world = 2, .fsdp = keep});
-  expect_same_training(kept, one_rank(), "reshard_after_forward off");
+  dtensor::testing::expect_equivalent(kept, one_rank(), "reshard_after_forward off");
   parallel::FSDPOptions no_prefetch = stage(3);
   no_prefetch.prefetch = false;
   const TrainRun plain = train({.world = 2, .fsdp = no_prefetch});
-  expect_same_training(plain, one_rank(), "prefetch off");
+  dtensor::testing::expect_equivalent(plain, one_rank(), "prefetch off");
   EXPECT_EQ(plain.stats.prefetched_all_gathers, 0);
   // With prefetch every module but the first of each pass gathers ahead from step 2 on.
   const TrainRun prefetched = train({.world = 2, .fsdp = stage(3)});
@@ -276,22 +268,23 @@ TEST(Fsdp, ReshardAfterForwardOffAndPrefetchOffMatchOneRank) {
 TEST(Fsdp, ClippingAndGradientAccumulationMatchOneRank) {
   const TrainRun one = train({.accum = 2, .clip = 0.5});
   for (int s : {1, 2, 3}) {
-    expect_same_training(train({.world = 2, .fsdp = stage(s), .accum = 2, .clip = 0.5}), one,
-                         "stage " + std::to_string(s) + " accumulation + clipping");
+    dtensor::testing::expect_equivalent(train({.world = 2, .fsdp = stage(s), .accum = 2, .clip = 0.5}), one,
+                                        "stage " + std::to_string(s) + " accumulation + clipping");
   }
-  expect_same_training(train({.world = 4, .fsdp = stage(3), .accum = 2, .clip = 0.5}), one, "DP=4 accumulation");
+  dtensor::testing::expect_equivalent(train({.world = 4, .fsdp = stage(3), .accum = 2, .clip = 0.5}), one,
+                                      "DP=4 accumulation");
 }
 
 TEST(Fsdp, ActivationCheckpointingMatchesOneRank) {
-  expect_same_training(train({.world = 2, .fsdp = stage(3), .steps = 4, .checkpoint = true}),
-                       train({.steps = 4}), "stage 3 with checkpointing");
+  dtensor::testing::expect_equivalent(train({.world = 2, .fsdp = stage(3), .steps = 4, .checkpoint = true}),
+                                      train({.steps = 4}), "stage 3 with checkpointing");
 }
 
 TEST(Fsdp, HybridShardingTwoByTwoMatchesOneRank) {
   parallel::FSDPOptions hsdp = stage(3);
   hsdp.replicate_dim = "replicate";
   const TrainRun run = train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"replicate", "dp"}, .fsdp = hsdp, .clip = 0.5});
-  expect_same_training(run, train({.clip = 0.5}), "HSDP 2x2");
+  dtensor::testing::expect_equivalent(run, train({.clip = 0.5}), "HSDP 2x2");
   EXPECT_EQ(run.placements.at("tokens.weight"), "R,S(0)");
   EXPECT_GT(run.stats.replica_all_reduces, 0);
 }
@@ -300,14 +293,14 @@ TEST(Fsdp, OverTensorParallelTwoByTwoMatchesOneRank) {
   const TrainRun one = train({.clip = 0.5});
   const TrainRun run = train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}, .fsdp = stage(3),
                          .tensor_parallel = true, .clip = 0.5});
-  expect_same_training(run, one, "FSDP over TP 2x2 (full_tensor of every parameter)");
+  dtensor::testing::expect_equivalent(run, one, "FSDP over TP 2x2 (full_tensor of every parameter)");
   // dp splits each tp piece of a column-parallel weight: the nested order.
   EXPECT_EQ(run.placements.at("blocks.0.attn.q.weight"), "S(0,order=1),S(0)");
   EXPECT_EQ(run.placements.at("blocks.0.attn.out.weight"), "S(0),S(1)");
   EXPECT_EQ(run.placements.at("tokens.weight"), "S(0),R");
   const TrainRun accumulated = train({.world = 4, .mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}, .fsdp = stage(2),
                                  .tensor_parallel = true, .accum = 2, .clip = 0.5});
-  expect_same_training(accumulated, train({.accum = 2, .clip = 0.5}), "stage 2 over TP, accumulation");
+  dtensor::testing::expect_equivalent(accumulated, train({.accum = 2, .clip = 0.5}), "stage 2 over TP, accumulation");
 }
 
 // The 2-D composition with the tensor-parallel module: Megatron's plan on tp
@@ -324,8 +317,9 @@ TEST(Fsdp, OverParallelizeModuleTwoByTwoMatchesOneRank) {
                                   .tp_plan = models::GPTPlanOptions{.sequence_parallel = sp},
                                   .clip = 0.5,
                                   .sgd = true});
-      expect_same_training(run, one, std::string("FSDP stage ") + std::to_string(s) + " over gpt_tp_plan" +
-                                         (sp ? " with sequence parallelism" : ""));
+      dtensor::testing::expect_equivalent(run, one,
+                                          std::string("FSDP stage ") + std::to_string(s) + " over gpt_tp_plan" +
+                                              (sp ? " with sequence parallelism" : ""));
       EXPECT_EQ(run.placements.at("blocks.0.attn.q.weight"), "S(0,order=1),S(0)");
       EXPECT_EQ(run.placements.at("tokens.weight"), "S(0,order=1),S(0)") << "vocab-parallel embedding";
     }
@@ -361,7 +355,7 @@ TEST(Fsdp, DdpAcceptsParametersShardedOverDp) {
     });
     return result;
   };
-  expect_same_training(run(2), run(1), "DDP with one weight sharded over dp");
+  dtensor::testing::expect_equivalent(run(2), run(1), "DDP with one weight sharded over dp");
 }
 
 // ---- communication --------------------------------------------------------------------

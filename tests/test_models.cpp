@@ -6,18 +6,18 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <mutex>
 
 #include "dtensor/dtensor.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 namespace dtensor {
 namespace {
 
 models::GPTConfig tiny(bool tied = true) {
-  // No biases: the key projection's bias has an exactly zero gradient, whose rounding
-  // noise AdamW would blow up differently on every layout (see test_train.cpp).
-  return {.vocab = 16, .block_size = 8, .layers = 4, .heads = 2, .dim = 16, .bias = false, .tie_weights = tied};
+  models::GPTConfig c = testing::tiny_gpt(4);
+  c.tie_weights = tied;
+  return c;
 }
 
 constexpr int64_t kBatch = 4;
@@ -31,18 +31,11 @@ std::pair<Tensor, Tensor> batch_of(int64_t step, const models::GPTConfig& c) {
   return {b.inputs, b.targets};
 }
 
-struct TrainRun {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;  // every rank's, by name
-};
-
 // Three AdamW steps of the GPT laid out by parallelize_gpt over `shape` / `names`.
-TrainRun train(const Shape& shape, const std::vector<std::string>& names, models::GPTParallelOptions options,
-               bool tied = true) {
-  TrainRun run;
-  std::mutex mu;
+testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& names,
+                           models::GPTParallelOptions options, bool tied = true) {
   const models::GPTConfig config = tiny(tied);
-  launch(static_cast<int>(shape_numel(shape)), [&](Group g) {
+  return testing::train_on_ranks(static_cast<int>(shape_numel(shape)), [&](Group g) {
     DeviceMesh mesh(g, shape, names);
     auto gpt = models::parallelize_gpt(mesh, config, 7, options);
     AdamW optimizer(gpt->parameters(), {.lr = 1e-2});
@@ -70,26 +63,9 @@ TrainRun train(const Shape& shape, const std::vector<std::string>& names, models
                 .stats.loss);
       }
     }
-    const std::map<std::string, Tensor> state =
-        gpt->pipeline() ? gpt->pipeline()->state_dict() : gpt->model()->state_dict();
-    const std::lock_guard<std::mutex> lock(mu);
-    run.losses = losses;
-    for (const auto& [name, t] : state) run.params[name] = t;
+    return testing::TrainingRun{.losses = losses,
+                                .params = gpt->pipeline() ? gpt->pipeline()->state_dict() : gpt->model()->state_dict()};
   });
-  return run;
-}
-
-void expect_same(const TrainRun& got, const TrainRun& want, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  ASSERT_LT(want.losses.back(), want.losses.front()) << "the reference learns";
-  for (size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::fabs(want.losses[i])) << what << ", step " << i;
-  }
-  EXPECT_EQ(got.params.size(), want.params.size()) << what;
-  for (const auto& [name, t] : want.params) {
-    ASSERT_TRUE(got.params.count(name)) << what << ": no " << name;
-    EXPECT_TRUE(allclose(got.params.at(name), t, 1e-4, 1e-5)) << what << ": " << name;
-  }
 }
 
 TEST(Models, GptIsASequentialListingTheTiedEmbeddingOnce) {
@@ -136,15 +112,17 @@ TEST(Models, ThePlanFitsEachPipelineStage) {
 }
 
 TEST(Models, ParallelizeGptTrainsAsOneRank) {
-  const TrainRun one = train({1}, {"dp"}, {});
-  expect_same(train({2, 2}, {"dp", "tp"}, {.tp = {.sequence_parallel = true}}), one, "DDP x TP (sequence parallel)");
-  expect_same(train({2, 2}, {"dp", "tp"}, {.fsdp = 3}), one, "FSDP x TP");
-  expect_same(train({2, 2}, {"pp", "dp"}, {.fsdp = 2, .pipeline = {.micro_batches = 2}}), one, "PP x FSDP");
-  expect_same(
+  const testing::TrainingRun one = train({1}, {"dp"}, {});
+  testing::expect_equivalent(train({2, 2}, {"dp", "tp"}, {.tp = {.sequence_parallel = true}}), one,
+                             "DDP x TP (sequence parallel)");
+  testing::expect_equivalent(train({2, 2}, {"dp", "tp"}, {.fsdp = 3}), one, "FSDP x TP");
+  testing::expect_equivalent(train({2, 2}, {"pp", "dp"}, {.fsdp = 2, .pipeline = {.micro_batches = 2}}), one,
+                             "PP x FSDP");
+  testing::expect_equivalent(
       train({2, 2}, {"pp", "tp"}, {.pipeline = {.schedule = parallel::ScheduleKind::ZeroBubble, .micro_batches = 2}}),
       one, "PP (zero bubble) x TP");
-  expect_same(train({2}, {"pp"}, {.pipeline = {.micro_batches = 2}}, false), train({1}, {"dp"}, {}, false),
-              "PP, untied head");
+  testing::expect_equivalent(train({2}, {"pp"}, {.pipeline = {.micro_batches = 2}}, false),
+                             train({1}, {"dp"}, {}, false), "PP, untied head");
 }
 
 TEST(Models, ParallelizeGptRefusesWhatCannotWork) {

@@ -17,6 +17,7 @@
 #include "dtensor/parallel/fsdp.h"
 #include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/parallel/trainer.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -24,24 +25,6 @@ using namespace dtensor::parallel;
 using namespace dtensor::models;
 
 namespace {
-
-models::GPTConfig tiny(int64_t layers = 4) {
-  models::GPTConfig c;
-  c.vocab = 16;
-  c.block_size = 8;
-  c.layers = layers;
-  c.heads = 2;
-  c.dim = 16;
-  // No biases: the key projection's bias has an exactly zero gradient, whose rounding
-  // noise AdamW would blow up differently on every layout (see test_train.cpp).
-  c.bias = false;
-  return c;
-}
-
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;
-};
 
 constexpr uint64_t kModelSeed = 42;
 // Micro-batches, stages and tensor parallelism sum gradients in other orders than one
@@ -54,8 +37,8 @@ constexpr uint64_t kModelSeed = 42;
 constexpr double kLr = 1e-3, kClip = 1.0;
 
 // `steps` AdamW steps of models::GPT on one rank with the whole global batch at once.
-RunResult train_one_rank(const models::GPTConfig& config, int steps, int64_t batch) {
-  RunResult result;
+dtensor::testing::TrainingRun train_one_rank(const models::GPTConfig& config, int steps, int64_t batch) {
+  dtensor::testing::TrainingRun result;
   launch(1, [&](Group g) {
     DeviceMesh mesh(g, {1});
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
@@ -90,8 +73,9 @@ struct Layout {
 };
 
 // The same training pipelined over `layout`.
-RunResult train_pipelined(const models::GPTConfig& config, const Layout& layout, int steps, int64_t batch) {
-  RunResult result;
+dtensor::testing::TrainingRun train_pipelined(const models::GPTConfig& config, const Layout& layout, int steps,
+                                              int64_t batch) {
+  dtensor::testing::TrainingRun result;
   std::mutex mutex;
   Shape shape{layout.pp};
   std::vector<std::string> names{"pp"};
@@ -165,19 +149,6 @@ RunResult train_pipelined(const models::GPTConfig& config, const Layout& layout,
   return result;
 }
 
-void expect_same_training(const RunResult& got, const RunResult& want, double rtol, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], rtol * std::fabs(want.losses[i])) << what << " step " << i;
-  }
-  ASSERT_EQ(got.params.size(), want.params.size()) << what;
-  for (const auto& [name, t] : want.params) {
-    ASSERT_TRUE(got.params.count(name)) << what << ": no " << name;
-    EXPECT_TRUE(allclose(got.params.at(name), t, rtol, 1e-6))
-        << what << " parameter " << name << ": " << compare(got.params.at(name), t, rtol, 1e-6).to_string();
-  }
-}
-
 }  // namespace
 
 // ---- GPT stages and splits ----------------------------------------------------------------------
@@ -187,7 +158,7 @@ TEST(GptStages, TogetherTheyAreTheGptWithTheSameSeed) {
     launch(3, [&](Group g) {
       DeviceMesh mesh(g, {3}, {"pp"});
       PipelineMesh pm(mesh);
-      models::GPTConfig c = tiny(5);
+      models::GPTConfig c = dtensor::testing::tiny_gpt(5);
       c.tie_weights = tied;
       GPTPipeline gpt(pm, c, kModelSeed,
                       {.schedule = ScheduleKind::ForwardOnly, .micro_batches = 1, .split = {{0, 2}, {2, 3}, {3, 5}}});
@@ -228,7 +199,7 @@ TEST(GptStages, SplitsEvenBalancedAndExplicit) {
   // One costly block gets a stage of its own.
   EXPECT_EQ(balance_layers({1, 1, 6, 1, 1}, 0, 0, 3), (std::vector<StageLayers>{{0, 2}, {2, 3}, {3, 5}}));
   // A large vocabulary makes the head the costliest part of a GPT.
-  models::GPTConfig big_vocab = tiny(8);
+  models::GPTConfig big_vocab = dtensor::testing::tiny_gpt(8);
   big_vocab.vocab = 4096;
   const std::vector<StageLayers> split = balance_gpt(big_vocab, estimate_gpt_layer_costs(big_vocab), 4);
   EXPECT_LT(split.back().size(), split.front().size());
@@ -243,7 +214,7 @@ TEST(GptStages, SplitsEvenBalancedAndExplicit) {
 
 TEST(GptStages, MeasuredCostsArePositiveAndAgreedByEveryRank) {
   launch(2, [](Group g) {
-    const GPTLayerCosts c = measure_gpt_layer_costs(g, tiny(2), 2, 1);
+    const GPTLayerCosts c = measure_gpt_layer_costs(g, dtensor::testing::tiny_gpt(2), 2, 1);
     EXPECT_GT(c.block, 0);
     EXPECT_GE(c.head, 0);
     const Tensor mine = Tensor::from_vector<double>({c.embedding, c.block, c.head}, {3});
@@ -269,8 +240,8 @@ TEST(PipelineEquivalence, EveryScheduleAtPp2AndPp4MatchesOneRank) {
   const int steps = 10;
   const int64_t batch = 8;
   for (int64_t layers : {4, 8}) {
-    const models::GPTConfig config = tiny(layers);
-    const RunResult one = train_one_rank(config, steps, batch);
+    const models::GPTConfig config = dtensor::testing::tiny_gpt(layers);
+    const dtensor::testing::TrainingRun one = train_one_rank(config, steps, batch);
     ASSERT_LT(one.losses.back(), one.losses.front()) << "the loss should fall";
     for (int pp : {2, 4}) {
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved1F1B,
@@ -278,54 +249,59 @@ TEST(PipelineEquivalence, EveryScheduleAtPp2AndPp4MatchesOneRank) {
         const int v = kind == ScheduleKind::Interleaved1F1B ? 2 : 1;
         if (pp * v > layers) continue;
         const Layout layout{.pp = pp, .schedule = kind, .micro_batches = 4, .virtual_stages = v};
-        expect_same_training(train_pipelined(config, layout, steps, batch), one, 1e-5, layout.what());
+        dtensor::testing::expect_equivalent(train_pipelined(config, layout, steps, batch), one, layout.what());
       }
     }
   }
 }
 
 TEST(PipelineEquivalence, UnequalMicroBatchesAndOneMicroBatch) {
-  const models::GPTConfig config = tiny(4);
-  const RunResult one = train_one_rank(config, 4, 10);
+  const models::GPTConfig config = dtensor::testing::tiny_gpt(4);
+  const dtensor::testing::TrainingRun one = train_one_rank(config, 4, 10);
   // 10 rows in 4 micro-batches: 3, 3, 2, 2, each weighted by its rows.
-  expect_same_training(train_pipelined(config, {.pp = 2, .micro_batches = 4}, 4, 10), one, 1e-5, "1F1B 3,3,2,2");
-  expect_same_training(train_pipelined(config, {.pp = 2, .schedule = ScheduleKind::ZeroBubble, .micro_batches = 3}, 4, 10),
-                       one, 1e-5, "zero bubble 4,3,3");
-  expect_same_training(train_pipelined(config, {.pp = 4, .micro_batches = 1}, 4, 10), one, 1e-5, "1F1B m=1");
+  dtensor::testing::expect_equivalent(train_pipelined(config, {.pp = 2, .micro_batches = 4}, 4, 10), one,
+                                      "1F1B 3,3,2,2");
+  dtensor::testing::expect_equivalent(
+      train_pipelined(config, {.pp = 2, .schedule = ScheduleKind::ZeroBubble, .micro_batches = 3}, 4, 10), one,
+      "zero bubble 4,3,3");
+  dtensor::testing::expect_equivalent(train_pipelined(config, {.pp = 4, .micro_batches = 1}, 4, 10), one, "1F1B m=1");
 }
 
 TEST(PipelineEquivalence, WithDataAndTensorParallelStages) {
-  const models::GPTConfig config = tiny(4);
+  const models::GPTConfig config = dtensor::testing::tiny_gpt(4);
   const int steps = 10;
-  const RunResult one = train_one_rank(config, steps, 8);
-  expect_same_training(train_pipelined(config, {.pp = 2, .dp = 2}, steps, 8), one, 1e-5, "pp=2,dp=2 DDP");
-  expect_same_training(train_pipelined(config, {.pp = 2, .dp = 2, .schedule = ScheduleKind::ZeroBubble}, steps, 8), one,
-                       1e-5, "pp=2,dp=2 DDP zero bubble");
-  expect_same_training(train_pipelined(config, {.pp = 2, .tp = 2}, steps, 8), one, 1e-5, "pp=2,tp=2");
-  expect_same_training(train_pipelined(config, {.pp = 2, .tp = 2, .sequence_parallel = true}, steps, 8), one, 1e-5,
-                       "pp=2,tp=2 sequence parallel");
+  const dtensor::testing::TrainingRun one = train_one_rank(config, steps, 8);
+  dtensor::testing::expect_equivalent(train_pipelined(config, {.pp = 2, .dp = 2}, steps, 8), one, "pp=2,dp=2 DDP");
+  dtensor::testing::expect_equivalent(
+      train_pipelined(config, {.pp = 2, .dp = 2, .schedule = ScheduleKind::ZeroBubble}, steps, 8), one,
+      "pp=2,dp=2 DDP zero bubble");
+  dtensor::testing::expect_equivalent(train_pipelined(config, {.pp = 2, .tp = 2}, steps, 8), one, "pp=2,tp=2");
+  dtensor::testing::expect_equivalent(train_pipelined(config, {.pp = 2, .tp = 2, .sequence_parallel = true}, steps, 8),
+                                      one, "pp=2,tp=2 sequence parallel");
   for (int stage : {1, 3}) {
-    expect_same_training(train_pipelined(config, {.pp = 2, .dp = 2, .fsdp = stage}, steps, 8), one, 1e-5,
-                         "pp=2,dp=2 FSDP " + std::to_string(stage));
+    dtensor::testing::expect_equivalent(train_pipelined(config, {.pp = 2, .dp = 2, .fsdp = stage}, steps, 8), one,
+                                        "pp=2,dp=2 FSDP " + std::to_string(stage));
   }
-  expect_same_training(train_pipelined(config, {.pp = 2, .dp = 2, .schedule = ScheduleKind::ZeroBubble, .fsdp = 3},
-                                       steps, 8),
-                       one, 1e-5, "pp=2,dp=2 FSDP 3 zero bubble");
-  expect_same_training(
-      train_pipelined(config, {.pp = 2, .dp = 2, .schedule = ScheduleKind::Interleaved1F1B, .virtual_stages = 2}, steps, 8),
-      one, 1e-5, "pp=2,dp=2 interleaved DDP");
+  dtensor::testing::expect_equivalent(
+      train_pipelined(config, {.pp = 2, .dp = 2, .schedule = ScheduleKind::ZeroBubble, .fsdp = 3}, steps, 8), one,
+      "pp=2,dp=2 FSDP 3 zero bubble");
+  dtensor::testing::expect_equivalent(
+      train_pipelined(config, {.pp = 2, .dp = 2, .schedule = ScheduleKind::Interleaved1F1B, .virtual_stages = 2}, steps,
+                      8),
+      one, "pp=2,dp=2 interleaved DDP");
 }
 
 // The 3-D layout of 16 devices: TP = 2 inside, PP = 4, DP = 2 outside (16 threads on
 // the machine's cores: a tiny model).
 TEST(PipelineEquivalence, ThreeDSixteenRanksMatchesOneRank) {
-  models::GPTConfig config = tiny(4);
+  models::GPTConfig config = dtensor::testing::tiny_gpt(4);
   const int steps = 10;
-  const RunResult one = train_one_rank(config, steps, 8);
-  expect_same_training(train_pipelined(config, {.pp = 4, .dp = 2, .tp = 2, .micro_batches = 2}, steps, 8), one, 1e-5,
-                       "pp=4,dp=2,tp=2 DDP");
-  expect_same_training(train_pipelined(config, {.pp = 4, .dp = 2, .tp = 2, .micro_batches = 2, .fsdp = 3}, steps, 8),
-                       one, 1e-5, "pp=4,dp=2,tp=2 FSDP 3");
+  const dtensor::testing::TrainingRun one = train_one_rank(config, steps, 8);
+  dtensor::testing::expect_equivalent(
+      train_pipelined(config, {.pp = 4, .dp = 2, .tp = 2, .micro_batches = 2}, steps, 8), one, "pp=4,dp=2,tp=2 DDP");
+  dtensor::testing::expect_equivalent(
+      train_pipelined(config, {.pp = 4, .dp = 2, .tp = 2, .micro_batches = 2, .fsdp = 3}, steps, 8), one,
+      "pp=4,dp=2,tp=2 FSDP 3");
 }
 
 // ---- memory, timeline, inference ----------------------------------------------------------------
@@ -361,7 +337,7 @@ std::vector<PipelineStats> one_step_stats(const models::GPTConfig& config, int p
 // Activations held after each action on the first stage of p = 4 with m = 8:
 // GPipe keeps all eight micro-batches, 1F1B at most p = 4.
 TEST(PipelineMemory, OneFOneBHoldsAtMostPMicroBatchesAndGPipeAllOfThem) {
-  models::GPTConfig config = tiny(4);
+  models::GPTConfig config = dtensor::testing::tiny_gpt(4);
   config.block_size = 32;  // activations well above the parameters' gradients
   const int p = 4, m = 8;
   const int64_t one = one_step_stats(config, p, ScheduleKind::GPipe, 1)[0].peak_held_bytes;
@@ -383,7 +359,7 @@ TEST(PipelineMemory, OneFOneBHoldsAtMostPMicroBatchesAndGPipeAllOfThem) {
 
 TEST(PipelineTimeline, AMeasuredStepHasEveryActionOnOneClock) {
   std::vector<Timeline> timelines;
-  one_step_stats(tiny(2), 2, ScheduleKind::OneFOneB, 4, &timelines);
+  one_step_stats(dtensor::testing::tiny_gpt(2), 2, ScheduleKind::OneFOneB, 4, &timelines);
   const Schedule s = one_f_one_b(2, 4);
   for (const Timeline& t : timelines) {
     ASSERT_EQ(t.ranks, 2);
@@ -414,7 +390,7 @@ TEST(PipelineTimeline, AMeasuredStepHasEveryActionOnOneClock) {
 }
 
 TEST(PipelineInference, ForwardOnlyGivesTheLogitsOfOneRank) {
-  const models::GPTConfig config = tiny(4);
+  const models::GPTConfig config = dtensor::testing::tiny_gpt(4);
   SyntheticLanguage data(config.vocab, config.block_size, 16, 3);
   const TokenBatch batch = data.get_batch({0, 1, 2, 3, 4});
   Tensor want;
@@ -509,14 +485,16 @@ TEST(PipelineErrors, BadMeshesSchedulesAndStagesAreClearErrors) {
     PipelineMesh pm(mesh);
     EXPECT_EQ(pm.stage_mesh().to_string(), "stage=1");
     // More stages than blocks; a micro-batch count interleaving cannot use.
-    EXPECT_THROW_MSG(GPTPipeline(pm, tiny(2), 1, {.schedule = ScheduleKind::Interleaved1F1B, .virtual_stages = 2}),
-                     std::invalid_argument,
-                     "4 pipeline stages (pp=2 x 2 virtual) need at least 4 transformer blocks (one per stage), the model has 2");
     EXPECT_THROW_MSG(
-        GPTPipeline(pm, tiny(4), 1, {.schedule = ScheduleKind::Interleaved1F1B, .micro_batches = 3, .virtual_stages = 2}),
-        std::invalid_argument, "the micro-batch count must be a multiple of the pipeline ranks");
-    EXPECT_THROW_MSG(GPTPipeline(pm, tiny(4), 1, {.split = {{0, 3}, {3, 5}}}), std::invalid_argument,
-                     "the ranges cover layers [0, 5), the model has 4");
+        GPTPipeline(pm, dtensor::testing::tiny_gpt(2), 1,
+                    {.schedule = ScheduleKind::Interleaved1F1B, .virtual_stages = 2}),
+        std::invalid_argument,
+        "4 pipeline stages (pp=2 x 2 virtual) need at least 4 transformer blocks (one per stage), the model has 2");
+    EXPECT_THROW_MSG(GPTPipeline(pm, dtensor::testing::tiny_gpt(4), 1,
+                                 {.schedule = ScheduleKind::Interleaved1F1B, .micro_batches = 3, .virtual_stages = 2}),
+                     std::invalid_argument, "the micro-batch count must be a multiple of the pipeline ranks");
+    EXPECT_THROW_MSG(GPTPipeline(pm, dtensor::testing::tiny_gpt(4), 1, {.split = {{0, 3}, {3, 5}}}),
+                     std::invalid_argument, "the ranges cover layers [0, 5), the model has 4");
     // Stages that do not fit the schedule or the mesh.
     LinearStage module(pm.stage_mesh(), 4, 4);
     PipelineData data;

@@ -9,6 +9,7 @@
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/tensor_parallel.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -16,22 +17,6 @@ using namespace dtensor::parallel;
 using namespace dtensor::models;
 
 namespace {
-
-models::GPTConfig tiny() {
-  models::GPTConfig c;
-  c.vocab = 16;
-  c.block_size = 8;
-  c.layers = 2;
-  c.heads = 4;
-  c.dim = 16;
-  c.bias = false;  // see test_train.cpp: a zero-gradient bias amplifies rounding noise
-  return c;
-}
-
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;
-};
 
 struct Layout {
   Shape mesh;                      // {tp} or {dp, tp}
@@ -41,8 +26,8 @@ struct Layout {
 
 // 10 AdamW steps on the synthetic task, global batch 8; the batch is sharded over
 // dp (with DDP) and replicated over tp.
-RunResult train(const models::GPTConfig& config, const Layout& layout, int steps = 10) {
-  RunResult result;
+dtensor::testing::TrainingRun train(const models::GPTConfig& config, const Layout& layout, int steps = 10) {
+  dtensor::testing::TrainingRun result;
   const bool two_d = layout.mesh.size() == 2;
   const int world = static_cast<int>(shape_numel(layout.mesh));
   launch(world, [&](Group g) {
@@ -97,45 +82,37 @@ struct Snapshot {
   std::string text;
 };
 
-void expect_same_training(const RunResult& got, const RunResult& want, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
-  for (size_t i = 0; i < want.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::fabs(want.losses[i])) << what << " step " << i;
-  }
-  for (const auto& [name, t] : want.params) {
-    ASSERT_TRUE(got.params.count(name)) << what << " " << name;
-    EXPECT_TRUE(allclose(got.params.at(name), t, 1e-5, 1e-6))
-        << what << " parameter " << name << ": " << compare(got.params.at(name), t, 1e-5, 1e-6).to_string();
-  }
-}
-
 }  // namespace
 
 TEST(TensorParallel, GptTrainingMatchesOneRank) {
-  const models::GPTConfig config = tiny();
-  const RunResult one = train(config, {.mesh = {1}});
+  const models::GPTConfig config = dtensor::testing::tiny_gpt(2, 4);
+  const dtensor::testing::TrainingRun one = train(config, {.mesh = {1}});
   ASSERT_LT(one.losses.back(), one.losses.front()) << "the loss should fall";
-  expect_same_training(train(config, {.mesh = {2}}), one, "TP=2");
-  expect_same_training(train(config, {.mesh = {4}}), one, "TP=4");
-  expect_same_training(train(config, {.mesh = {2}, .sequence_parallel = true}), one, "TP=2 sequence parallel");
-  expect_same_training(train(config, {.mesh = {2}, .loss_parallel = false}), one, "TP=2 gathered logits");
-  expect_same_training(train(config, {.mesh = {2, 2}}), one, "DP=2 x TP=2");
-  expect_same_training(train(config, {.mesh = {2, 2}, .sequence_parallel = true}), one, "DP=2 x TP=2 SP");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {2}}), one, "TP=2");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {4}}), one, "TP=4");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {2}, .sequence_parallel = true}), one,
+                                      "TP=2 sequence parallel");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {2}, .loss_parallel = false}), one,
+                                      "TP=2 gathered logits");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {2, 2}}), one, "DP=2 x TP=2");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {2, 2}, .sequence_parallel = true}), one,
+                                      "DP=2 x TP=2 SP");
 }
 
 // Degree 3: the heads divide, the MLP hidden dim (40 -> 14, 14, 12) and the
 // vocabulary (16 -> 6, 6, 4) do not; an untied head and SwiGLU with dropout.
 TEST(TensorParallel, UnevenHiddenAndVocabularyOverThreeRanks) {
-  models::GPTConfig config = tiny();
+  models::GPTConfig config = dtensor::testing::tiny_gpt(2, 4);
   config.heads = 3;
   config.dim = 18;
   config.mlp_hidden = 40;
   config.tie_weights = false;
   config.activation = nn::Activation::SwiGlu;
   config.dropout = 0.1;
-  const RunResult one = train(config, {.mesh = {1}}, 6);
-  expect_same_training(train(config, {.mesh = {3}}, 6), one, "TP=3");
-  expect_same_training(train(config, {.mesh = {3}, .sequence_parallel = true}, 6), one, "TP=3 sequence parallel");
+  const dtensor::testing::TrainingRun one = train(config, {.mesh = {1}}, 6);
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {3}}, 6), one, "TP=3");
+  dtensor::testing::expect_equivalent(train(config, {.mesh = {3}, .sequence_parallel = true}, 6), one,
+                                      "TP=3 sequence parallel");
 }
 
 // Megatron's communication, exactly: without sequence parallelism an all-reduce of
@@ -200,7 +177,9 @@ void expect_megatron_communication(const models::GPTConfig& config, int64_t batc
 
 }  // namespace
 
-TEST(TensorParallel, CommunicationPerStepIsMegatrons) { expect_megatron_communication(tiny(), 8); }
+TEST(TensorParallel, CommunicationPerStepIsMegatrons) {
+  expect_megatron_communication(dtensor::testing::tiny_gpt(2, 4), 8);
+}
 
 // Larger activations, with biases: the row-parallel Linears keep their input in place
 // and leave the output Partial for the style to all-reduce, rather than move the
@@ -320,7 +299,7 @@ TEST(TensorParallel, UseLocalOutputHandsOnThisRanksPiece) {
 TEST(TensorParallel, BadPlansAreClearErrors) {
   launch(4, [](Group g) {
     DeviceMesh mesh(g, {4}, {"tp"});
-    models::GPTConfig config = tiny();
+    models::GPTConfig config = dtensor::testing::tiny_gpt(2, 4);
     config.heads = 2;
     {
       models::GPT model(mesh, config, 1);
@@ -350,19 +329,19 @@ TEST(TensorParallel, BadPlansAreClearErrors) {
                        "(2 = 4 x 0 + 2)");
     }
     {
-      models::GPT model(mesh, tiny(), 1);
-      parallelize_module(model, mesh, gpt_tp_plan(tiny()));
-      EXPECT_THROW_MSG(parallelize_module(model, mesh, gpt_tp_plan(tiny())), std::invalid_argument,
-                       "is the module parallelized already?");
+      models::GPT model(mesh, dtensor::testing::tiny_gpt(2, 4), 1);
+      parallelize_module(model, mesh, gpt_tp_plan(dtensor::testing::tiny_gpt(2, 4)));
+      EXPECT_THROW_MSG(parallelize_module(model, mesh, gpt_tp_plan(dtensor::testing::tiny_gpt(2, 4))),
+                       std::invalid_argument, "is the module parallelized already?");
     }
     {
       // A tp mesh that is not the module's mesh nor one of its dims.
-      models::GPT model(mesh, tiny(), 1);
+      models::GPT model(mesh, dtensor::testing::tiny_gpt(2, 4), 1);
       DeviceMesh two_d(g, {2, 2}, {"dp", "tp"});
-      EXPECT_THROW_MSG(parallelize_module(model, two_d["tp"], gpt_tp_plan(tiny())), std::invalid_argument,
-                       "is neither the module's mesh tp=4 nor one of its dims");
-      EXPECT_THROW_MSG(parallelize_module(model, two_d, gpt_tp_plan(tiny())), std::invalid_argument,
-                       "expected a 1-D tensor-parallel mesh, got dp=2,tp=2");
+      EXPECT_THROW_MSG(parallelize_module(model, two_d["tp"], gpt_tp_plan(dtensor::testing::tiny_gpt(2, 4))),
+                       std::invalid_argument, "is neither the module's mesh tp=4 nor one of its dims");
+      EXPECT_THROW_MSG(parallelize_module(model, two_d, gpt_tp_plan(dtensor::testing::tiny_gpt(2, 4))),
+                       std::invalid_argument, "expected a 1-D tensor-parallel mesh, got dp=2,tp=2");
     }
   });
 }

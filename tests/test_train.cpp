@@ -8,25 +8,12 @@
 #include "dtensor/optim.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/trainer.h"
+#include "parallel_equivalence.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
 
 namespace {
-
-models::GPTConfig tiny() {
-  models::GPTConfig c;
-  c.vocab = 16;
-  c.block_size = 8;
-  c.layers = 2;
-  c.heads = 2;
-  c.dim = 16;
-  // No biases: the key projection's bias has an exactly zero gradient (softmax is
-  // shift-invariant), so its rounding noise, normalised by AdamW, would decide its
-  // value differently on every layout.
-  c.bias = false;
-  return c;
-}
 
 // Two linear layers; with a sum loss its backward needs no communication of its own.
 class TwoLayers : public nn::Module {
@@ -41,17 +28,13 @@ class TwoLayers : public nn::Module {
   std::shared_ptr<nn::Linear> first_, second_;
 };
 
-struct RunResult {
-  std::vector<double> losses;
-  std::map<std::string, Tensor> params;
-};
-
 // `steps` steps of AdamW on the synthetic task with a global batch of 8 sequences,
 // data parallel over `world` ranks, `accum` micro-batches per step.
-RunResult train(int world, int accum, int steps, DType compute = DType::F32, bool checkpoint = false) {
-  RunResult result;
+dtensor::testing::TrainingRun train(int world, int accum, int steps, DType compute = DType::F32,
+                                    bool checkpoint = false) {
+  dtensor::testing::TrainingRun result;
   const models::GPTConfig config = [&] {
-    models::GPTConfig c = tiny();
+    models::GPTConfig c = dtensor::testing::tiny_gpt();
     c.checkpoint_activations = checkpoint;
     return c;
   }();
@@ -86,31 +69,19 @@ RunResult train(int world, int accum, int steps, DType compute = DType::F32, boo
   return result;
 }
 
-void expect_same_training(const RunResult& a, const RunResult& b, double rtol, const std::string& what) {
-  ASSERT_EQ(a.losses.size(), b.losses.size());
-  for (size_t i = 0; i < a.losses.size(); ++i) {
-    EXPECT_NEAR(a.losses[i], b.losses[i], rtol * std::fabs(b.losses[i])) << what << " step " << i;
-  }
-  for (const auto& [name, t] : b.params) {
-    ASSERT_TRUE(a.params.count(name)) << name;
-    EXPECT_TRUE(allclose(a.params.at(name), t, rtol, 1e-6))
-        << what << " parameter " << name << ": " << compare(a.params.at(name), t, rtol, 1e-6).to_string();
-  }
-}
-
 }  // namespace
 
 TEST(Train, DataParallelMatchesOneRank) {
-  const RunResult one = train(1, 1, 10);
+  const dtensor::testing::TrainingRun one = train(1, 1, 10);
   ASSERT_LT(one.losses.back(), one.losses.front()) << "the loss should fall";
-  expect_same_training(train(2, 1, 10), one, 1e-5, "DP=2");
-  expect_same_training(train(4, 1, 10), one, 1e-5, "DP=4");
-  expect_same_training(train(2, 2, 10), one, 1e-5, "DP=2 with 2 accumulation steps");
+  dtensor::testing::expect_equivalent(train(2, 1, 10), one, "DP=2");
+  dtensor::testing::expect_equivalent(train(4, 1, 10), one, "DP=4");
+  dtensor::testing::expect_equivalent(train(2, 2, 10), one, "DP=2 with 2 accumulation steps");
 }
 
 TEST(Train, Bf16TracksF32) {
-  const RunResult f32 = train(1, 1, 10);
-  const RunResult bf16 = train(2, 1, 10, DType::BF16);
+  const dtensor::testing::TrainingRun f32 = train(1, 1, 10);
+  const dtensor::testing::TrainingRun bf16 = train(2, 1, 10, DType::BF16);
   for (size_t i = 0; i < f32.losses.size(); ++i) {
     // BF16 keeps 8 bits of mantissa: losses within 5% of the F32 curve.
     EXPECT_NEAR(bf16.losses[i], f32.losses[i], 0.05 * f32.losses[i]) << "step " << i;
@@ -118,9 +89,10 @@ TEST(Train, Bf16TracksF32) {
 }
 
 TEST(Train, CheckpointedActivationsGiveTheSameTraining) {
-  expect_same_training(train(2, 1, 3, DType::F32, true), train(2, 1, 3), 1e-5, "checkpointed");
+  dtensor::testing::expect_equivalent(train(2, 1, 3, DType::F32, true), train(2, 1, 3), "checkpointed");
   // The recomputation in backward runs in the forward's compute dtype.
-  expect_same_training(train(2, 1, 3, DType::BF16, true), train(2, 1, 3, DType::BF16), 1e-5, "checkpointed bf16");
+  dtensor::testing::expect_equivalent(train(2, 1, 3, DType::BF16, true), train(2, 1, 3, DType::BF16),
+                                      "checkpointed bf16");
 }
 
 TEST(Train, CheckpointingLowersPeakMemory) {
@@ -128,7 +100,7 @@ TEST(Train, CheckpointingLowersPeakMemory) {
     int64_t peak = 0;
     launch(1, [&](Group g) {
       DeviceMesh mesh(g, {1});
-      models::GPTConfig c = tiny();
+      models::GPTConfig c = dtensor::testing::tiny_gpt();
       c.layers = 4;
       c.block_size = 64;
       c.dim = 64;
@@ -206,4 +178,48 @@ TEST(Train, LossScalingSkipsTheStepOnEveryRankWhenOneOverflows) {
     scaler.update();
     EXPECT_EQ(scaler.scale_value(), 1024);  // grows after growth_interval clean steps
   });
+}
+
+namespace {
+
+// A linear layer scaled by a learned scalar: DDP's bucket holds a 0-d gradient too.
+class ScaledLinear : public nn::Module {
+ public:
+  explicit ScaledLinear(const DeviceMesh& mesh) {
+    linear_ = register_module("linear", std::make_shared<nn::Linear>(mesh, 6, 3, true, 4));
+    scale_ = &register_parameter("scale", distribute(Tensor::full({}, 1.5), mesh, {Replicate()}));
+  }
+  DistTensor forward(const DistTensor& x) override { return (*linear_)(x) * *scale_; }
+
+ private:
+  std::shared_ptr<nn::Linear> linear_;
+  DistTensor* scale_;
+};
+
+}  // namespace
+
+TEST(Train, DdpBucketsHoldScalarsAndMatchOneRank) {
+  auto run = [](int world) {
+    return dtensor::testing::train_on_ranks(world, [&](Group g) {
+      DeviceMesh mesh(g, {world}, {"dp"});
+      ScaledLinear model(mesh);
+      parallel::DistributedDataParallel ddp(model);
+      SGD optimizer(model.parameters(), 0.1);
+      parallel::Trainer trainer(optimizer, {.sync = &ddp});
+      dtensor::testing::TrainingRun mine;
+      for (int64_t step = 0; step < 3; ++step) {
+        const Tensor x = Tensor::randn({4, 6}, 10 + static_cast<uint64_t>(step));
+        mine.losses.push_back(trainer
+                                  .step(step,
+                                        [&](int64_t) {
+                                          const DistTensor y = model(distribute(x, mesh, {Shard(0)}));
+                                          return mean(y * y);
+                                        })
+                                  .stats.loss);
+      }
+      mine.params = model.state_dict();
+      return mine;
+    });
+  };
+  dtensor::testing::expect_equivalent(run(2), run(1), "DDP=2 with a 0-d parameter");
 }

@@ -4,6 +4,7 @@
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
 #include "dtensor/trace.h"
+#include "parallel/flat_layout.h"
 #include "util/check.h"
 
 namespace dtensor::parallel {
@@ -15,6 +16,7 @@ struct DistributedDataParallel::State {
     bool launched = false;
     Tensor buffer;               // packed local gradients in flight
     std::vector<size_t> packed;  // params whose gradients are in `buffer`
+    detail::FlatLayout layout;   // where each is in `buffer`
     Work work;
   };
   std::vector<DistTensor> params;
@@ -101,23 +103,22 @@ void DistributedDataParallel::launch(size_t b) {
   bucket.launched = true;
   const int dp = state_->dp_dim;
   // Only Partial gradients need the reduction; a Replicate one is already whole.
-  int64_t total = 0;
   bucket.packed.clear();
+  std::vector<Shape> shapes;
   for (size_t k : bucket.params) {
     const DistTensor g = state_->params[k].grad();
     if (g.defined() && g.placements()[dp].is_partial()) {
       bucket.packed.push_back(k);
-      total += g.to_local().numel();
+      shapes.push_back(g.to_local().shape());
     }
   }
   if (bucket.packed.empty()) return;
+  // The gradients one after another: FSDP's flat layout on one rank.
+  bucket.layout = detail::FlatLayout(shapes, 1, 0);
   const DistTensor& first = state_->params[bucket.packed[0]].grad();
-  bucket.buffer = Tensor::empty({total}, first.dtype(), first.device());
-  int64_t offset = 0;
-  for (size_t k : bucket.packed) {
-    const Tensor& local = state_->params[k].grad().to_local();
-    bucket.buffer.narrow(0, offset, local.numel()).view(local.shape()).copy_(local);
-    offset += local.numel();
+  bucket.buffer = Tensor::empty({bucket.layout.unsharded_numel()}, first.dtype(), first.device());
+  for (size_t i = 0; i < bucket.packed.size(); ++i) {
+    bucket.layout.pack(i, state_->params[bucket.packed[i]].grad().to_local(), bucket.buffer, /*accumulate=*/false);
   }
   TraceSpan span("ddp_all_reduce_launch", "comm");
   const Group& group = state_->params[0].mesh().group(dp);
@@ -144,16 +145,14 @@ void DistributedDataParallel::wait_for_gradients() {
     if (bucket.packed.empty()) continue;
     TraceSpan span("ddp_all_reduce_wait", "comm");
     bucket.work.wait();
-    int64_t offset = 0;
-    for (size_t k : bucket.packed) {
-      const DistTensor& p = state_->params[k];
+    for (size_t i = 0; i < bucket.packed.size(); ++i) {
+      const DistTensor& p = state_->params[bucket.packed[i]];
       const DistTensor g = p.grad();
-      Tensor reduced = bucket.buffer.narrow(0, offset, g.to_local().numel()).view(g.to_local().shape()).clone();
+      Tensor reduced = bucket.layout.unsharded_view(bucket.buffer, i).clone();
       if (scale != 1.0) reduced = mul(reduced, scale);
       Placements placements = g.placements();
       placements[dp] = Replicate();
       p.set_grad(DistTensor::from_local(reduced, mesh, placements, g.shape()));
-      offset += g.to_local().numel();
     }
   }
   for (State::Bucket& bucket : state_->buckets) {
@@ -161,6 +160,7 @@ void DistributedDataParallel::wait_for_gradients() {
     bucket.launched = false;
     bucket.buffer = Tensor();
     bucket.packed.clear();
+    bucket.layout = detail::FlatLayout();
     bucket.work = Work();
   }
   state_->ready.assign(state_->params.size(), false);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dtensor/parallel/fsdp.h"
-#include "parallel/fsdp_flat.h"
+#include "parallel/flat_layout.h"
 
 namespace dtensor::parallel {
 
@@ -36,7 +36,7 @@ struct FSDPModule::ParamGroup {
   };
   std::vector<Param> params;
 
-  // The parameters of one dtype: flat buffers (fsdp_flat.h) and what is in flight.
+  // The parameters of one dtype: flat buffers (flat_layout.h) and what is in flight.
   struct Bucket {
     DType dtype = DType::F32;  // of the shards
     DType param_dtype = DType::F32, reduce_dtype = DType::F32;

@@ -1,5 +1,5 @@
-// FSDP flat buffer layout and copies.
-#include "parallel/fsdp_flat.h"
+// The flat buffer layout of FSDP groups and DDP buckets, and its copies.
+#include "parallel/flat_layout.h"
 
 #include "dtensor/tensor_ops.h"
 #include "util/check.h"
@@ -46,10 +46,10 @@ FlatLayout::FlatLayout(const std::vector<Shape>& unsharded_shapes, int64_t ranks
     : ranks_(ranks), rank_(rank), shapes_(unsharded_shapes) {
   DT_CHECK_ARG(ranks >= 1 && rank >= 0 && rank < ranks, "fully_shard", "rank ", rank, " of ", ranks);
   for (const Shape& shape : shapes_) {
-    DT_CHECK_ARG(!shape.empty(), "fully_shard", "cannot shard a 0-d parameter along dim 0");
+    DT_CHECK_ARG(!shape.empty() || ranks == 1, "fully_shard", "cannot shard a 0-d parameter along dim 0");
     FlatSlot s;
-    s.rows = shape[0];
-    s.row_numel = shape_numel(Shape(shape.begin() + 1, shape.end()));
+    s.rows = shape.empty() ? 1 : shape[0];
+    s.row_numel = shape.empty() ? 1 : shape_numel(Shape(shape.begin() + 1, shape.end()));
     s.chunk_rows = (s.rows + ranks - 1) / ranks;
     s.slot_offset = region_numel_;
     s.unsharded_offset = unsharded_numel_;
@@ -61,6 +61,7 @@ FlatLayout::FlatLayout(const std::vector<Shape>& unsharded_shapes, int64_t ranks
 
 Shape FlatLayout::shard_shape(size_t i) const {
   Shape shape = shapes_[i];
+  if (shape.empty()) return shape;  // one rank: the whole 0-d tensor
   shape[0] = chunk_range(shape[0], ranks_, rank_).length;
   return shape;
 }

@@ -1,5 +1,8 @@
-// The flat buffers of one FSDP group and dtype, and the copies between them
-// (internal to src/parallel).
+// Flat buffers of several parameters or gradients, and the copies between them
+// (internal to src/parallel): the one flat-bucket type of FSDP (a group's sharded and
+// gathered buffers, N = the shard group's size) and of DDP (a gradient bucket: the
+// N = 1 case, where the three layouts below are the same buffer, the tensors one
+// after another).
 //
 // Three layouts of the same parameters, for N ranks of the shard group:
 //   unsharded  [U]      the parameters' local tensors one after another, as forward
@@ -39,7 +42,8 @@ struct FlatSlot {
 class FlatLayout {
  public:
   FlatLayout() = default;
-  // One slot per shape (each of at least one dim), for `rank` of `ranks`.
+  // One slot per shape, for `rank` of `ranks`. With ranks > 1 (sharding along dim 0)
+  // every shape has a dim; with one rank a 0-d shape takes one element.
   FlatLayout(const std::vector<Shape>& unsharded_shapes, int64_t ranks, int64_t rank);
 
   int64_t ranks() const { return ranks_; }
