@@ -57,7 +57,9 @@ testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& n
       if (pipe) {
         losses.push_back(trainer.step(step, *pipe).stats.loss);
       } else {
-        const auto [ids, targets] = batch_of(step, config);
+        const std::pair<Tensor, Tensor> batch = batch_of(step, config);
+        const Tensor& ids = batch.first;
+        const Tensor& targets = batch.second;
         losses.push_back(
             trainer.step(step, [&](int64_t) { return gpt->model()->loss(rows(ids, 0, 1), rows(targets, 0, 1)); })
                 .stats.loss);

@@ -219,11 +219,11 @@ std::vector<std::pair<std::string, DistTensor>> SequentialPipeline::named_parame
 int64_t SequentialPipeline::num_parameters() const {
   int64_t mine = 0;
   for (size_t k = 0; k < stages_.size(); ++k) {
-    for (const auto& [name, p] : stages_[k]->named_parameters()) {
+    for (const auto& named : stages_[k]->named_parameters()) {
       const bool copy = std::any_of(tied_.begin(), tied_.end(), [&](const TiedParameter& t) {
-        return t.name == name && t.stages.front() != indices_[k];
+        return t.name == named.first && t.stages.front() != indices_[k];
       });
-      if (!copy) mine += p.numel();
+      if (!copy) mine += named.second.numel();
     }
   }
   return all_reduce(mesh_.group(), Tensor::scalar(mine)).item<int64_t>();
