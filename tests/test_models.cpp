@@ -118,6 +118,7 @@ TEST(Models, ParallelizeGptTrainsAsOneRank) {
   testing::expect_equivalent(train({2, 2}, {"dp", "tp"}, {.tp = {.sequence_parallel = true}}), one,
                              "DDP x TP (sequence parallel)");
   testing::expect_equivalent(train({2, 2}, {"dp", "tp"}, {.fsdp = 3}), one, "FSDP x TP");
+  testing::expect_equivalent(train({2, 2}, {"replicate", "dp"}, {.fsdp = 3, .hsdp = true}), one, "HSDP 2x2");
   testing::expect_equivalent(train({2, 2}, {"pp", "dp"}, {.fsdp = 2, .pipeline = {.micro_batches = 2}}), one,
                              "PP x FSDP");
   testing::expect_equivalent(
@@ -138,6 +139,9 @@ TEST(Models, ParallelizeGptRefusesWhatCannotWork) {
                      "HSDP needs fsdp > 0 and a mesh dim named 'replicate'");
     auto gpt = models::parallelize_gpt(mesh, tiny(), 7);
     EXPECT_EQ(gpt->sync(), nullptr) << "no dp dim";
+    DeviceMesh replicas(g, {2}, {"replicate"});
+    EXPECT_THROW_MSG(models::parallelize_gpt(replicas, tiny(), 7), std::invalid_argument,
+                     "has a 'replicate' dim, which only HSDP uses");
     EXPECT_THROW_MSG(gpt->make_pipeline(nullptr, nullptr), std::invalid_argument,
                      "make_pipeline needs a mesh with a 'pp' dim");
   });

@@ -60,6 +60,8 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   DT_CHECK_ARG(!options_.hsdp || (options_.fsdp > 0 && has_dim(mesh, "replicate")), kOp,
                "HSDP needs fsdp > 0 and a mesh dim named 'replicate'; got fsdp ", options_.fsdp, " on mesh ",
                mesh.to_string());
+  DT_CHECK_ARG(options_.hsdp || !has_dim(mesh, "replicate"), kOp, "mesh ", mesh.to_string(),
+               " has a 'replicate' dim, which only HSDP uses (fsdp > 0 and hsdp = true); name it 'dp' for DDP");
   const bool tp = has_dim(mesh, "tp");
   if (!has_dim(mesh, "pp")) {
     model_ = std::make_unique<GPT>(mesh, config, seed);
