@@ -30,6 +30,7 @@
 #include "dtensor/nn/state_file.h"
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
+#include "dtensor/parallel/context_parallel.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
 #include "dtensor/parallel/pipeline.h"

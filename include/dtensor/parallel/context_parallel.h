@@ -1,0 +1,42 @@
+// Context parallelism: attention with the sequence sharded over a mesh dim (ring
+// attention, as Megatron-Core's context parallel and TorchTitan's do).
+//
+//   DeviceMesh mesh(world, {2, 4}, {"dp", "cp"});
+//   // q, k, v [B, H, S, D], the batch on dp and the sequence on cp: {Shard(0), Shard(2)}
+//   DistTensor out = parallel::ring_attention(q, k, v, "cp", /*causal=*/true);   // {Shard(0), Shard(2)}
+//
+// Each cp rank keeps its queries and passes its K/V block around the ring: at step s
+// it computes attention of its queries against the block of rank r - s (a fused
+// local kernel giving the block's output and log-sum-exp), sends that block on to
+// rank r + 1 and receives the next from r - 1, and merges the partial results with
+// the online-softmax rule (out = sum_s exp(lse_s - lse) out_s, lse = logsumexp_s
+// lse_s). Nothing of size S x S and no full K/V is ever held: per rank one
+// extra K/V block in flight. Backward runs the same ring: each block's dK/dV
+// accumulators travel with it and arrive home after P steps, and dQ stays local; the
+// local backward kernel is given the merged out and lse, which makes each block's
+// share exact. Communication per attention call and rank: P - 1 K/V blocks sent in
+// forward, P K/V blocks and P dK/dV blocks in backward (the K/V blocks travel again so
+// that nothing of the forward's ring is kept).
+//
+// Causal masking is by global position with the sequence in contiguous chunks: a
+// block of keys earlier than the queries is attended whole, the diagonal block with
+// the causal mask, later blocks are skipped (their step still passes the block on).
+// Rank r then does r + 1 of P blocks of work; the load-balanced layout (two mirrored
+// chunks per rank) is not done yet.
+#pragma once
+
+#include <string>
+
+#include "dtensor/dist_tensor.h"
+
+namespace dtensor::parallel {
+
+// softmax(q k^T / sqrt(D) [+ causal mask]) v for q, k, v [..., S, D] (v [..., S, Dv])
+// laid out alike: Shard(ndim - 2) (the sequence) on mesh dim `cp_dim`; on every other
+// mesh dim Replicate or a Shard of a dim before the sequence (batch, heads). The
+// output is laid out as q. Differentiable. Throws std::invalid_argument naming the
+// input and its layout otherwise.
+DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v, const std::string& cp_dim,
+                          bool causal = false);
+
+}  // namespace dtensor::parallel
