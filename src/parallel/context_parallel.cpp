@@ -58,23 +58,37 @@ void check_layout(const DistTensor& t, const char* name, const DistTensor& q, in
   }
 }
 
-// Sends `outgoing` to the next rank and receives tensors shaped like `shapes_of`
-// (with `rows` rows on the sequence dim) from the previous one.
-std::vector<Tensor> pass_on(const Ring& ring, const std::vector<Tensor>& outgoing, int64_t rows) {
-  std::vector<Tensor> incoming;
+// A pass of tensors to the next rank, in flight while this rank computes: wait()
+// returns what arrived from the previous rank.
+struct Pass {
+  Work work;
+  std::vector<Tensor> outgoing, incoming;  // both alive until the exchange completes
+  std::vector<Tensor> wait() {
+    work.wait();
+    return incoming;
+  }
+};
+
+// Starts sending `outgoing` on and receiving the previous rank's tensors of the same
+// shapes but `rows` rows on the sequence dim; tags from `first_tag` keep two passes in
+// flight apart.
+Pass start_pass(const Ring& ring, const std::vector<Tensor>& outgoing, int64_t rows, int first_tag) {
+  Pass pass;
   std::vector<P2POp> ops;
-  for (const Tensor& t : outgoing) {
-    Shape shape = t.shape();
-    shape[shape.size() - 2] = rows;
-    incoming.push_back(Tensor::empty(shape, t.dtype(), t.device()));
-  }
   for (size_t i = 0; i < outgoing.size(); ++i) {
-    ops.push_back(P2POp::send(outgoing[i].contiguous(), ring.next(), static_cast<int>(i)));
-    ops.push_back(P2POp::recv(incoming[i], ring.prev(), static_cast<int>(i)));
+    Shape shape = outgoing[i].shape();
+    shape[shape.size() - 2] = rows;
+    pass.outgoing.push_back(outgoing[i].contiguous());
+    pass.incoming.push_back(Tensor::empty(shape, outgoing[i].dtype(), outgoing[i].device()));
+    const int tag = first_tag + static_cast<int>(i);
+    ops.push_back(P2POp::send(pass.outgoing.back(), ring.next(), tag));
+    ops.push_back(P2POp::recv(pass.incoming.back(), ring.prev(), tag));
   }
-  batch_send_recv(*ring.group, ops);
-  return incoming;
+  pass.work = batch_send_recv_async(*ring.group, ops);
+  return pass;
 }
+
+constexpr int kBlockTag = 0, kGradTag = 2;
 
 // out, lse of this rank's queries over the whole ring.
 AttentionResult ring_forward(const Ring& ring, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -82,8 +96,9 @@ AttentionResult ring_forward(const Ring& ring, const Tensor& q, const Tensor& k,
   Tensor kb = k, vb = v;
   for (int step = 0; step < ring.ranks; ++step) {
     const int block = ring.block_at(step);
-    // Computed on, then passed on (a blocking exchange: overlapping it with the
-    // compute through asynchronous send/recv is still to come).
+    // The block goes on to the next rank while this one computes on it.
+    std::optional<Pass> pass;
+    if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, ring.block_rows(ring.block_at(step + 1)), kBlockTag);
     const Ring::Mask mask = ring.mask(block);
     if (mask != Ring::Mask::None && q.size(-2) > 0 && kb.size(-2) > 0) {
       const AttentionResult part = scaled_dot_product_attention(q, kb, vb, mask == Ring::Mask::Causal);
@@ -100,8 +115,8 @@ AttentionResult ring_forward(const Ring& ring, const Tensor& q, const Tensor& k,
         lse = merged;
       }
     }
-    if (step + 1 < ring.ranks) {
-      const std::vector<Tensor> got = pass_on(ring, {kb, vb}, ring.block_rows(ring.block_at(step + 1)));
+    if (pass) {
+      const std::vector<Tensor> got = pass->wait();
       kb = got[0];
       vb = got[1];
     }
@@ -149,6 +164,11 @@ DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTe
     Tensor dk = zeros_like_f32(kb), dv = zeros_like_f32(vb);
     for (int step = 0; step < ring.ranks; ++step) {
       const int block = ring.block_at(step);
+      const int64_t rows = ring.block_rows(ring.block_at(step + 1));
+      // K and V go on while this rank computes; the block's gradient accumulators follow
+      // once this rank has added its share (after the last step only they travel, home).
+      std::optional<Pass> pass;
+      if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, rows, kBlockTag);
       const Ring::Mask mask = ring.mask(block);
       if (mask != Ring::Mask::None && q_local.size(-2) > 0 && kb.size(-2) > 0) {
         const AttentionGrads g =
@@ -157,16 +177,14 @@ DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTe
         dk = add(dk, g.grad_k.to(DType::F32));
         dv = add(dv, g.grad_v.to(DType::F32));
       }
-      // The block moves on; after the last step only its gradients travel, home.
-      const int64_t rows = ring.block_rows(ring.block_at(step + 1));
-      if (step + 1 < ring.ranks) {
-        const std::vector<Tensor> got = pass_on(ring, {kb, vb, dk, dv}, rows);
-        kb = got[0];
-        vb = got[1];
-        dk = got[2];
-        dv = got[3];
-      } else if (ring.ranks > 1) {
-        const std::vector<Tensor> got = pass_on(ring, {dk, dv}, rows);
+      if (ring.ranks > 1) {
+        Pass grad_pass = start_pass(ring, {dk, dv}, rows, kGradTag);
+        if (pass) {
+          const std::vector<Tensor> got = pass->wait();
+          kb = got[0];
+          vb = got[1];
+        }
+        const std::vector<Tensor> got = grad_pass.wait();
         dk = got[0];
         dv = got[1];
       }

@@ -7,8 +7,9 @@
 //
 // Each cp rank keeps its queries and passes its K/V block around the ring: at step s
 // it computes attention of its queries against the block of rank r - s (a fused
-// local kernel giving the block's output and log-sum-exp), sends that block on to
-// rank r + 1 and receives the next from r - 1, and merges the partial results with
+// local kernel giving the block's output and log-sum-exp) while that block travels on
+// to rank r + 1 and the next arrives from r - 1 (asynchronous send/recv, so the
+// exchange overlaps the compute), and merges the partial results with
 // the online-softmax rule (out = sum_s exp(lse_s - lse) out_s, lse = logsumexp_s
 // lse_s). Nothing of size S x S and no full K/V is ever held: per rank one
 // extra K/V block in flight. Backward runs the same ring: each block's dK/dV
