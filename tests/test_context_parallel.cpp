@@ -15,7 +15,20 @@ struct Case {
   int dp = 1;
   int64_t seq = 8;
   bool causal = false;
+  bool load_balanced = false;
 };
+
+// t with its sequence dim (2) reordered: row i of the result is row positions[i] of t,
+// or the inverse.
+Tensor reorder(const Tensor& t, const std::vector<int64_t>& positions, bool inverse = false) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype());
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const int64_t to = inverse ? positions[i] : static_cast<int64_t>(i);
+    const int64_t from = inverse ? static_cast<int64_t>(i) : positions[i];
+    out.narrow(2, to, 1).copy_(t.narrow(2, from, 1));
+  }
+  return out;
+}
 
 // out and the gradients of sum(out * w) for q, k, v [2, 2, S, 4] on one rank.
 struct Result {
@@ -42,20 +55,28 @@ void expect_ring_matches(const Case& c) {
                w = Tensor::randn(shape, 4);
   const Result want = reference(q, k, v, w, c.causal);
   const std::string what = "cp=" + std::to_string(c.cp) + " dp=" + std::to_string(c.dp) +
-                           " S=" + std::to_string(c.seq) + (c.causal ? " causal" : "");
+                           " S=" + std::to_string(c.seq) + (c.causal ? " causal" : "") +
+                           (c.load_balanced ? " load-balanced" : "");
+  // The load-balanced run sees the sequence in its order and is compared back in order.
+  std::vector<int64_t> order(static_cast<size_t>(c.seq));
+  for (int64_t i = 0; i < c.seq; ++i) order[static_cast<size_t>(i)] = i;
+  if (c.load_balanced) order = parallel::load_balanced_positions(c.seq, c.cp);
+  const Tensor qo = reorder(q, order), ko = reorder(k, order), vo = reorder(v, order), wo = reorder(w, order);
   launch(c.cp * c.dp, [&](Group g) {
     DeviceMesh mesh(g, {c.dp, c.cp}, {"dp", "cp"});
     const Placements layout{Shard(0), Shard(2)};
-    const DistTensor dq = distribute(q, mesh, layout).set_requires_grad();
-    const DistTensor dk = distribute(k, mesh, layout).set_requires_grad();
-    const DistTensor dv = distribute(v, mesh, layout).set_requires_grad();
-    const DistTensor out = parallel::ring_attention(dq, dk, dv, "cp", c.causal);
+    const DistTensor dq = distribute(qo, mesh, layout).set_requires_grad();
+    const DistTensor dk = distribute(ko, mesh, layout).set_requires_grad();
+    const DistTensor dv = distribute(vo, mesh, layout).set_requires_grad();
+    const DistTensor out =
+        parallel::ring_attention(dq, dk, dv, "cp", {.causal = c.causal, .load_balanced = c.load_balanced});
     EXPECT_EQ(out.placements(), layout) << what;
-    sum(out * distribute(w, mesh, layout)).backward();
-    EXPECT_TRUE(allclose(out.full_tensor(), want.out, 1e-5, 1e-6)) << what << " out";
-    EXPECT_TRUE(allclose(dq.grad().full_tensor(), want.dq, 1e-4, 1e-5)) << what << " dq";
-    EXPECT_TRUE(allclose(dk.grad().full_tensor(), want.dk, 1e-4, 1e-5)) << what << " dk";
-    EXPECT_TRUE(allclose(dv.grad().full_tensor(), want.dv, 1e-4, 1e-5)) << what << " dv";
+    sum(out * distribute(wo, mesh, layout)).backward();
+    auto in_order = [&](const DistTensor& t) { return reorder(t.full_tensor(), order, /*inverse=*/true); };
+    EXPECT_TRUE(allclose(in_order(out), want.out, 1e-5, 1e-6)) << what << " out";
+    EXPECT_TRUE(allclose(in_order(dq.grad()), want.dq, 1e-4, 1e-5)) << what << " dq";
+    EXPECT_TRUE(allclose(in_order(dk.grad()), want.dk, 1e-4, 1e-5)) << what << " dk";
+    EXPECT_TRUE(allclose(in_order(dv.grad()), want.dv, 1e-4, 1e-5)) << what << " dv";
   });
 }
 
@@ -67,6 +88,15 @@ TEST(ContextParallel, RingAttentionEqualsWholeSequenceAttention) {
     expect_ring_matches({.cp = 4, .seq = 10, .causal = causal});  // 3, 3, 2, 2
     expect_ring_matches({.cp = 2, .dp = 2, .seq = 6, .causal = causal});
   }
+}
+
+TEST(ContextParallel, LoadBalancedOrderGivesTheSameAttention) {
+  EXPECT_EQ(parallel::load_balanced_positions(8, 2), (std::vector<int64_t>{0, 1, 6, 7, 2, 3, 4, 5}));
+  expect_ring_matches({.cp = 2, .seq = 8, .causal = true, .load_balanced = true});
+  expect_ring_matches({.cp = 4, .seq = 16, .causal = true, .load_balanced = true});
+  expect_ring_matches({.cp = 2, .dp = 2, .seq = 12, .causal = true, .load_balanced = true});
+  expect_ring_matches({.cp = 2, .seq = 8, .causal = false, .load_balanced = true});
+  EXPECT_THROW_MSG(parallel::load_balanced_positions(10, 4), std::invalid_argument, "8 equal chunks");
 }
 
 TEST(ContextParallel, RingAttentionOnOneRankIsAttention) { expect_ring_matches({.cp = 1, .seq = 5, .causal = true}); }

@@ -16,24 +16,41 @@ namespace {
 
 constexpr const char* kOp = "ring_attention";
 
+// A run of rows of one block that holds one chunk of the sequence (its position in
+// chunk order decides the causal mask).
+struct Segment {
+  int64_t chunk = 0;
+  int64_t offset = 0, rows = 0;  // within the block
+};
+
+// How one pair of segments attends: fully (the keys come first), with the causal mask
+// (the same chunk), or not at all (the keys come later).
+enum class Mask { Full, Causal, None };
+
 // What the rings need to know of the layout.
 struct Ring {
   const Group* group = nullptr;
   int ranks = 1, rank = 0;
   int64_t seq = 0;  // the global sequence length
   bool causal = false;
+  bool load_balanced = false;  // blocks of two mirrored chunks
   int next() const { return (rank + 1) % ranks; }
   int prev() const { return (rank + ranks - 1) % ranks; }
   int block_at(int step) const { return (rank - step % ranks + ranks) % ranks; }  // the K/V block held at `step`
   int64_t block_rows(int block) const { return chunk_range(seq, ranks, block).length; }
-  // How this rank's queries see key block `block`: fully, with the causal mask (the
-  // diagonal block), or not at all.
-  enum class Mask { Full, Causal, None };
-  Mask mask(int block) const {
-    if (!causal || block < rank) return Mask::Full;
-    return block == rank ? Mask::Causal : Mask::None;
+  // Contiguous: block b is chunk b. Load-balanced: chunks b and 2P - 1 - b of 2P.
+  std::vector<Segment> segments(int block) const {
+    if (!load_balanced) return {{block, 0, block_rows(block)}};
+    const int64_t half = seq / (2 * ranks);
+    return {{block, 0, half}, {2 * ranks - 1 - block, half, half}};
+  }
+  Mask mask(const Segment& queries, const Segment& keys) const {
+    if (!causal || keys.chunk < queries.chunk) return Mask::Full;
+    return keys.chunk == queries.chunk ? Mask::Causal : Mask::None;
   }
 };
+
+Tensor rows_of(const Tensor& t, const Segment& s) { return t.narrow(-2, s.offset, s.rows).contiguous(); }
 
 Tensor zeros_like_f32(const Tensor& t) { return Tensor::zeros(t.shape(), DType::F32, t.device()); }
 
@@ -90,29 +107,34 @@ Pass start_pass(const Ring& ring, const std::vector<Tensor>& outgoing, int64_t r
 
 constexpr int kBlockTag = 0, kGradTag = 2;
 
-// out, lse of this rank's queries over the whole ring.
+// out, lse of this rank's queries over the whole ring: per query segment, the
+// partial results of every key segment it sees, merged by the online-softmax rule.
 AttentionResult ring_forward(const Ring& ring, const Tensor& q, const Tensor& k, const Tensor& v) {
-  std::optional<Tensor> out, lse;
+  const std::vector<Segment> mine = ring.segments(ring.rank);
+  Shape out_shape = q.shape();
+  out_shape.back() = v.size(-1);
+  Tensor out = Tensor::zeros(out_shape, DType::F32, q.device());
+  Tensor lse = Tensor::full(Shape(q.shape().begin(), q.shape().end() - 1), -std::numeric_limits<double>::infinity(),
+                            DType::F32, q.device());
   Tensor kb = k, vb = v;
   for (int step = 0; step < ring.ranks; ++step) {
     const int block = ring.block_at(step);
     // The block goes on to the next rank while this one computes on it.
     std::optional<Pass> pass;
     if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, ring.block_rows(ring.block_at(step + 1)), kBlockTag);
-    const Ring::Mask mask = ring.mask(block);
-    if (mask != Ring::Mask::None && q.size(-2) > 0 && kb.size(-2) > 0) {
-      const AttentionResult part = scaled_dot_product_attention(q, kb, vb, mask == Ring::Mask::Causal);
-      if (!out) {
-        out = part.out.to(DType::F32);
-        lse = part.lse;
-      } else {
-        // The online-softmax merge of two partial results.
-        const Tensor merged =
-            add(maximum(*lse, part.lse),
-                log(add(exp(sub(*lse, maximum(*lse, part.lse))), exp(sub(part.lse, maximum(*lse, part.lse))))));
-        const Tensor old_w = exp(sub(*lse, merged)).unsqueeze(-1), new_w = exp(sub(part.lse, merged)).unsqueeze(-1);
-        out = add(mul(*out, old_w), mul(part.out.to(DType::F32), new_w));
-        lse = merged;
+    for (const Segment& qs : mine) {
+      for (const Segment& ks : ring.segments(block)) {
+        const Mask mask = ring.mask(qs, ks);
+        if (mask == Mask::None || qs.rows == 0 || ks.rows == 0) continue;
+        const AttentionResult part =
+            scaled_dot_product_attention(rows_of(q, qs), rows_of(kb, ks), rows_of(vb, ks), mask == Mask::Causal);
+        Tensor out_rows = out.narrow(-2, qs.offset, qs.rows), lse_rows = lse.narrow(-1, qs.offset, qs.rows);
+        // The online-softmax merge (exp(-inf) = 0 takes the first part as it is).
+        const Tensor top = maximum(lse_rows, part.lse);
+        const Tensor merged = add(top, log(add(exp(sub(lse_rows, top)), exp(sub(part.lse, top)))));
+        const Tensor old_w = exp(sub(lse_rows, merged)).unsqueeze(-1), new_w = exp(sub(part.lse, merged)).unsqueeze(-1);
+        out_rows.copy_(add(mul(out_rows, old_w), mul(part.out.to(DType::F32), new_w)));
+        lse_rows.copy_(merged);
       }
     }
     if (pass) {
@@ -121,20 +143,58 @@ AttentionResult ring_forward(const Ring& ring, const Tensor& q, const Tensor& k,
       vb = got[1];
     }
   }
-  if (!out) {  // no key visible to any query (an empty chunk)
-    Shape shape = q.shape();
-    shape.back() = v.size(-1);
-    Shape lse_shape(q.shape().begin(), q.shape().end() - 1);
-    return {Tensor::zeros(shape, q.dtype(), q.device()),
-            Tensor::full(lse_shape, -std::numeric_limits<double>::infinity(), DType::F32, q.device())};
+  return {out.to(q.dtype()), lse};
+}
+
+// dq of this rank's queries, and dk, dv of its own block, by the same ring run again.
+AttentionGrads ring_backward(const Ring& ring, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionResult& result) {
+  const std::vector<Segment> mine = ring.segments(ring.rank);
+  Tensor dq = zeros_like_f32(q);
+  // The K/V block and its dK/dV accumulators travel together.
+  Tensor kb = k, vb = v;
+  Tensor dk = zeros_like_f32(kb), dv = zeros_like_f32(vb);
+  for (int step = 0; step < ring.ranks; ++step) {
+    const int block = ring.block_at(step);
+    const int64_t rows = ring.block_rows(ring.block_at(step + 1));
+    // K and V go on while this rank computes; the block's gradient accumulators follow
+    // once this rank has added its share (after the last step only they travel, home).
+    std::optional<Pass> pass;
+    if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, rows, kBlockTag);
+    for (const Segment& qs : mine) {
+      const AttentionResult saved{rows_of(result.out, qs), result.lse.narrow(-1, qs.offset, qs.rows).contiguous()};
+      const Tensor dout_rows = rows_of(dout, qs), q_rows = rows_of(q, qs);
+      for (const Segment& ks : ring.segments(block)) {
+        const Mask mask = ring.mask(qs, ks);
+        if (mask == Mask::None || qs.rows == 0 || ks.rows == 0) continue;
+        const AttentionGrads g = scaled_dot_product_attention_backward(dout_rows, q_rows, rows_of(kb, ks),
+                                                                       rows_of(vb, ks), saved, mask == Mask::Causal);
+        Tensor dq_rows = dq.narrow(-2, qs.offset, qs.rows), dk_rows = dk.narrow(-2, ks.offset, ks.rows),
+               dv_rows = dv.narrow(-2, ks.offset, ks.rows);
+        dq_rows.copy_(add(dq_rows, g.grad_q.to(DType::F32)));
+        dk_rows.copy_(add(dk_rows, g.grad_k.to(DType::F32)));
+        dv_rows.copy_(add(dv_rows, g.grad_v.to(DType::F32)));
+      }
+    }
+    if (ring.ranks > 1) {
+      Pass grad_pass = start_pass(ring, {dk, dv}, rows, kGradTag);
+      if (pass) {
+        const std::vector<Tensor> got = pass->wait();
+        kb = got[0];
+        vb = got[1];
+      }
+      const std::vector<Tensor> got = grad_pass.wait();
+      dk = got[0];
+      dv = got[1];
+    }
   }
-  return {out->to(q.dtype()), *lse};
+  return {dq, dk, dv};
 }
 
 }  // namespace
 
 DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v, const std::string& cp_dim,
-                          bool causal) {
+                          RingAttentionOptions options) {
   const int cp = q.mesh().dim_index(cp_dim);
   check_layout(q, "q", q, cp);
   check_layout(k, "k", q, cp);
@@ -147,7 +207,10 @@ DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTe
   ring.ranks = ring.group->size();
   ring.rank = ring.group->rank();
   ring.seq = q.size(-2);
-  ring.causal = causal;
+  ring.causal = options.causal;
+  ring.load_balanced = options.load_balanced;
+  DT_CHECK_ARG(!ring.load_balanced || ring.seq % (2 * ring.ranks) == 0, kOp, "the load-balanced order cuts the ",
+               ring.seq, " positions into ", 2 * ring.ranks, " equal chunks (2 per context-parallel rank)");
   const AttentionResult result = ring_forward(ring, q.to_local(), k.to_local(), v.to_local());
   Shape out_shape = q.shape();
   out_shape.back() = v.size(-1);
@@ -157,43 +220,31 @@ DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTe
   autograd::record(kOp, {q, k, v}, outputs, [ring, qs, ks, vs, result](const std::vector<DistTensor>& grads) {
     // The gradient may arrive in any layout (sum's is replicated): bring it to the output's.
     const Tensor dout = grads[0].redistribute(qs.placements()).to_local().contiguous();
-    const Tensor& q_local = qs.to_local();
-    Tensor dq = zeros_like_f32(q_local);
-    // The K/V block and its dK/dV accumulators travel together.
-    Tensor kb = ks.to_local(), vb = vs.to_local();
-    Tensor dk = zeros_like_f32(kb), dv = zeros_like_f32(vb);
-    for (int step = 0; step < ring.ranks; ++step) {
-      const int block = ring.block_at(step);
-      const int64_t rows = ring.block_rows(ring.block_at(step + 1));
-      // K and V go on while this rank computes; the block's gradient accumulators follow
-      // once this rank has added its share (after the last step only they travel, home).
-      std::optional<Pass> pass;
-      if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, rows, kBlockTag);
-      const Ring::Mask mask = ring.mask(block);
-      if (mask != Ring::Mask::None && q_local.size(-2) > 0 && kb.size(-2) > 0) {
-        const AttentionGrads g =
-            scaled_dot_product_attention_backward(dout, q_local, kb, vb, result, mask == Ring::Mask::Causal);
-        dq = add(dq, g.grad_q.to(DType::F32));
-        dk = add(dk, g.grad_k.to(DType::F32));
-        dv = add(dv, g.grad_v.to(DType::F32));
-      }
-      if (ring.ranks > 1) {
-        Pass grad_pass = start_pass(ring, {dk, dv}, rows, kGradTag);
-        if (pass) {
-          const std::vector<Tensor> got = pass->wait();
-          kb = got[0];
-          vb = got[1];
-        }
-        const std::vector<Tensor> got = grad_pass.wait();
-        dk = got[0];
-        dv = got[1];
-      }
-    }
-    return std::vector<DistTensor>{DistTensor::from_local(dq.to(qs.dtype()), qs.mesh(), qs.placements(), qs.shape()),
-                                   DistTensor::from_local(dk.to(ks.dtype()), ks.mesh(), ks.placements(), ks.shape()),
-                                   DistTensor::from_local(dv.to(vs.dtype()), vs.mesh(), vs.placements(), vs.shape())};
+    const AttentionGrads g = ring_backward(ring, dout, qs.to_local(), ks.to_local(), vs.to_local(), result);
+    return std::vector<DistTensor>{
+        DistTensor::from_local(g.grad_q.to(qs.dtype()), qs.mesh(), qs.placements(), qs.shape()),
+        DistTensor::from_local(g.grad_k.to(ks.dtype()), ks.mesh(), ks.placements(), ks.shape()),
+        DistTensor::from_local(g.grad_v.to(vs.dtype()), vs.mesh(), vs.placements(), vs.shape())};
   });
   return outputs[0];
+}
+
+DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v, const std::string& cp_dim,
+                          bool causal) {
+  return ring_attention(q, k, v, cp_dim, RingAttentionOptions{.causal = causal});
+}
+
+std::vector<int64_t> load_balanced_positions(int64_t seq, int64_t ranks) {
+  DT_CHECK_ARG(ranks >= 1 && seq % (2 * ranks) == 0, "load_balanced_positions", "expected ", seq,
+               " positions to cut into ", 2 * ranks, " equal chunks (2 per rank)");
+  const int64_t half = seq / (2 * ranks);
+  std::vector<int64_t> positions;
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (const int64_t chunk : {r, 2 * ranks - 1 - r}) {
+      for (int64_t i = 0; i < half; ++i) positions.push_back(chunk * half + i);
+    }
+  }
+  return positions;
 }
 
 }  // namespace dtensor::parallel

@@ -19,14 +19,18 @@
 // forward, P K/V blocks and P dK/dV blocks in backward (the K/V blocks travel again so
 // that nothing of the forward's ring is kept).
 //
-// Causal masking is by global position with the sequence in contiguous chunks: a
-// block of keys earlier than the queries is attended whole, the diagonal block with
-// the causal mask, later blocks are skipped (their step still passes the block on).
-// Rank r then does r + 1 of P blocks of work; the load-balanced layout (two mirrored
-// chunks per rank) is not done yet.
+// Causal masking is by global position: a chunk of keys earlier than the queries is
+// attended whole, the same chunk with the causal mask, later chunks are skipped.
+// With the sequence in contiguous chunks rank r then does r + 1 of P blocks of work.
+// The load-balanced order (Megatron's and TorchTitan's) cuts the sequence into 2P
+// chunks and gives rank r chunks r and 2P - 1 - r, so every rank does the same work:
+// feed the sequence in the order load_balanced_positions gives (a permutation of the
+// positions; position embeddings and targets follow it) and pass load_balanced.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dtensor/dist_tensor.h"
 
@@ -37,7 +41,19 @@ namespace dtensor::parallel {
 // mesh dim Replicate or a Shard of a dim before the sequence (batch, heads). The
 // output is laid out as q. Differentiable. Throws std::invalid_argument naming the
 // input and its layout otherwise.
+struct RingAttentionOptions {
+  bool causal = false;
+  // The sequence is in load_balanced_positions order (S a multiple of 2P).
+  bool load_balanced = false;
+};
+DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v, const std::string& cp_dim,
+                          RingAttentionOptions options);
 DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v, const std::string& cp_dim,
                           bool causal = false);
+
+// The global position of each row of the load-balanced order of `seq` positions over
+// `ranks` context-parallel ranks: rank r's rows are chunks r and 2 * ranks - 1 - r of
+// 2 * ranks equal chunks. seq = 8, ranks = 2: {0, 1, 6, 7, 2, 3, 4, 5}.
+std::vector<int64_t> load_balanced_positions(int64_t seq, int64_t ranks);
 
 }  // namespace dtensor::parallel
