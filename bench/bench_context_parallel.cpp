@@ -31,7 +31,9 @@ void BM_RingAttention(benchmark::State& state) {
     peak = 0;
     launch(cp, [&](Group world) {
       DeviceMesh mesh(world, {cp}, {"cp"});
-      const Placements layout{Shard(2)};
+      // The op's baseline replicated: a sequence sharded even over one rank sends it to
+      // its composite path (matmul, softmax, matmul), which materialises the scores.
+      const Placements layout{op ? Placement(Replicate()) : Placement(Shard(2))};
       const DistTensor q = distribute(Tensor::randn(shape, 1), mesh, layout).set_requires_grad();
       const DistTensor k = distribute(Tensor::randn(shape, 2), mesh, layout).set_requires_grad();
       const DistTensor v = distribute(Tensor::randn(shape, 3), mesh, layout).set_requires_grad();

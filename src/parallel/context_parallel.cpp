@@ -50,7 +50,9 @@ struct Ring {
   }
 };
 
-Tensor rows_of(const Tensor& t, const Segment& s) { return t.narrow(-2, s.offset, s.rows).contiguous(); }
+Tensor rows_of(const Tensor& t, const Segment& s) {
+  return s.offset == 0 && s.rows == t.size(-2) ? t : t.narrow(-2, s.offset, s.rows);
+}
 
 Tensor zeros_like_f32(const Tensor& t) { return Tensor::zeros(t.shape(), DType::F32, t.device()); }
 
@@ -162,7 +164,7 @@ AttentionGrads ring_backward(const Ring& ring, const Tensor& dout, const Tensor&
     std::optional<Pass> pass;
     if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, rows, kBlockTag);
     for (const Segment& qs : mine) {
-      const AttentionResult saved{rows_of(result.out, qs), result.lse.narrow(-1, qs.offset, qs.rows).contiguous()};
+      const AttentionResult saved{rows_of(result.out, qs), result.lse.narrow(-1, qs.offset, qs.rows)};
       const Tensor dout_rows = rows_of(dout, qs), q_rows = rows_of(q, qs);
       for (const Segment& ks : ring.segments(block)) {
         const Mask mask = ring.mask(qs, ks);
