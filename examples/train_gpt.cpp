@@ -37,8 +37,9 @@ using dtensor::tools::TrainLog;
 
 namespace {
 
-// The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP), "pp=4,dp=2,tp=2"
-// (stages on pp, each on its own dp x tp sub-mesh).
+// The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP), "dp=2,cp=2"
+// (context parallel: the sequence sharded), "pp=4,dp=2,tp=2" (stages on pp, each on
+// its own dp x cp x tp sub-mesh).
 MeshSpec parse_mesh(const std::string& text) {
   MeshSpec mesh;
   try {
@@ -47,10 +48,10 @@ MeshSpec parse_mesh(const std::string& text) {
     throw std::invalid_argument(std::string("--mesh: ") + e.what());
   }
   for (const std::string& name : mesh.names) {
-    if (name != "pp" && name != "dp" && name != "tp" && name != "replicate") {
+    if (name != "pp" && name != "dp" && name != "cp" && name != "tp" && name != "replicate") {
       throw std::invalid_argument(
-          "--mesh: dims are pp (pipeline stages), dp (data parallel), tp (tensor parallel) and replicate (HSDP replica "
-          "groups), got '" +
+          "--mesh: dims are pp (pipeline stages), dp (data parallel), cp (context parallel), tp (tensor parallel) and "
+          "replicate (HSDP replica groups), got '" +
           name + "'");
     }
   }
@@ -354,15 +355,12 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
                     .micro_batches = s.schedule ? s.schedule->micro_batches : 1,
                     .virtual_stages = s.schedule ? s.schedule->virtual_stages() : 1}});
   const int64_t num_parameters = gpt->num_parameters();
-  const Shape micro_shape{s.batch / s.grad_accum, config.block_size};
-  const DeviceMesh& data_mesh = gpt->data_mesh();
-  const Placements layout = gpt->batch_layout();
   DistributedSampler sampler(data.size(), s.batch, gpt->dp_rank(), s.dp, s.seed, true, s.grad_accum);
   std::unique_ptr<parallel::Pipeline> pipe;
   if (gpt->pipeline()) {
-    auto tokens = [&, data_mesh](int64_t step, int64_t micro, bool targets) {
+    auto tokens = [&](int64_t step, int64_t micro, bool targets) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      return DistTensor::from_local(targets ? batch.targets : batch.inputs, data_mesh, layout, micro_shape);
+      return gpt->batch_from_local(targets ? batch.targets : batch.inputs);
     };
     pipe = gpt->make_pipeline([tokens](int64_t step, int64_t micro) { return tokens(step, micro, false); },
                               [tokens](int64_t step, int64_t micro) { return tokens(step, micro, true); });
@@ -418,11 +416,12 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   if (!s.save_dir.empty()) checkpoints.emplace(s.save_dir, static_cast<int>(s.keep));
   std::optional<checkpoint::AsyncSaver> saver;
   if (s.async_save) saver.emplace(world);
+  // Context parallelism: the sequence order (load-balanced) every step runs in.
+  const ContextParallelScope sequence_order(gpt->context_parallel());
   for (int64_t step = state.step; step < s.steps; ++step) {
     const parallel::StepReport report = pipe ? trainer.step(step, *pipe) : trainer.step(step, [&](int64_t micro) {
       const TokenBatch batch = data.get_batch(sampler.micro_batch_at(step, micro));
-      const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, micro_shape);
-      const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, micro_shape);
+      const DistTensor ids = gpt->batch_from_local(batch.inputs), targets = gpt->batch_from_local(batch.targets);
       return gpt->model()->loss(ids, targets);
     });
     if (log) log->step(report.stats);

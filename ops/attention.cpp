@@ -1,6 +1,6 @@
 // scaled_dot_product_attention on DistTensors: softmax(q k^T / sqrt(Dh) + mask) v.
 //
-// Two paths, chosen so that q, k and v themselves never move:
+// Three paths:
 // - sequence and head dims unsharded (heads, batch or other leading dims may be
 //   sharded, as under data and tensor parallelism): the fused local kernel
 //   (tensor_ops.h), which never materialises the [Sq, Sk] scores and saves only the
@@ -8,15 +8,20 @@
 //   q, k, v and the output share letters; S, T, D, Dv are unshardable; a Partial
 //   input is reduced first (attention is not linear in q or k). Backward: the fused
 //   backward kernel; the gradients have their inputs' placements.
-// - a sequence or head dim sharded: a composite of matmul, where, softmax and
+// - the sequence sharded over one mesh dim, q, k, v of one length and layout, the
+//   head dim whole: context parallelism (ops/attention_context.h), ring attention or
+//   the all-gather variant by the cost model, exact, with no S x S scores held.
+// - other layouts with a sequence or head dim sharded: a composite of matmul, where, softmax and
 //   matmul, so each step takes its own sharding rule: the query sequence sharded ->
 //   local (the mask is replicated and chunked for free); the key sequence sharded ->
 //   the softmax runs along a sharded dim with all-reduces of its statistics, and the
 //   last matmul contracts a sharded dim (Partial(sum)); Dh sharded -> the scores are
 //   Partial(sum) and reduced once.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "ops/attention_context.h"
 #include "ops/nn_helpers.h"
 #include "util/check.h"
 
@@ -92,6 +97,28 @@ DistTensor scaled_dot_product_attention(const DistTensor& q, const DistTensor& k
                k.shape());
   DT_CHECK_ARG(k.size(-2) == v.size(-2), kOp, "expected k and v with one sequence length, got k ", k.shape(),
                " and v ", v.shape());
+  // The sequence sharded over a mesh dim: context parallelism. Inside a load-balanced
+  // ContextParallelScope the sequence of a mesh with its dim is in that order, so
+  // causal attention there must take this path to mask by the right positions.
+  const int cp = ops::context::sequence_mesh_dim(q, k, v);
+  bool load_balanced = false;
+  ContextAttention algorithm = ContextAttention::Auto;
+  if (const std::optional<ContextParallelOptions> scope = ContextParallelScope::current()) {
+    const std::vector<std::string>& names = q.mesh().names();
+    const auto it = std::find(names.begin(), names.end(), scope->mesh_dim);
+    const int scoped = it == names.end() ? -1 : static_cast<int>(it - names.begin());
+    DT_CHECK_ARG(!(scope->load_balanced && causal && scoped >= 0 && q.mesh().size(scoped) > 1 && cp != scoped), kOp,
+                 "causal attention on a sequence in the load-balanced order over '", scope->mesh_dim,
+                 "' needs q, k, v of one length and one layout with the sequence (dim ", q.dim() - 2,
+                 ") sharded over that mesh dim and the head dim whole; got q ", q.shape(), " ",
+                 placements_to_string(q.placements()), ", k ", k.shape(), " ", placements_to_string(k.placements()),
+                 ", v ", v.shape(), " ", placements_to_string(v.placements()));
+    if (cp >= 0 && cp == scoped) {
+      load_balanced = scope->load_balanced;
+      algorithm = scope->attention;
+    }
+  }
+  if (cp >= 0) return ops::context::attention(q, k, v, causal, cp, load_balanced, algorithm);
   if (same_leading_dims(q, k, v) && !sequence_or_head_sharded(q) && !sequence_or_head_sharded(k) &&
       !sequence_or_head_sharded(v)) {
     return fused(q, k, v, causal);

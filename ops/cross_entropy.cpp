@@ -1,4 +1,6 @@
-// cross_entropy on DistTensors: logits [N, C], integer targets [N].
+// cross_entropy on DistTensors: logits [N..., C], integer targets [N...] (any number
+// of leading dims: [B, T, V] logits need no reshape, which would move them when both
+// B and T are sharded, as under data x context parallelism).
 //
 // Two paths, chosen so that the logits never move:
 // - class dim unsharded: the fused local kernel per row (rows may be sharded),
@@ -22,41 +24,49 @@ namespace {
 
 const char* const kOp = "cross_entropy";
 
+Shape rows_shape(const DistTensor& logits) { return Shape(logits.shape().begin(), logits.shape().end() - 1); }
+
 void validate(const DistTensor& logits, const DistTensor& targets) {
   dispatch::common_mesh({logits, targets}, kOp);
   DT_CHECK_ARG(is_floating(logits.dtype()), kOp, "expected floating logits, got ", dtype_name(logits.dtype()));
   DT_CHECK_ARG(targets.dtype() == DType::I64 || targets.dtype() == DType::I32, kOp,
                "expected targets of dtype i64 or i32, got ", dtype_name(targets.dtype()));
-  DT_CHECK_ARG(logits.dim() == 2, kOp, "expected logits [N, C], got ", logits.shape());
-  DT_CHECK_ARG(targets.dim() == 1 && targets.size(0) == logits.size(0), kOp, "expected targets [", logits.size(0),
-               "] for logits ", logits.shape(), ", got ", targets.shape());
+  DT_CHECK_ARG(logits.dim() >= 2, kOp, "expected logits [N..., C], got ", logits.shape());
+  DT_CHECK_ARG(targets.shape() == rows_shape(logits), kOp, "expected targets ", rows_shape(logits), " for logits ",
+               logits.shape(), ", got ", targets.shape());
 }
 
-// "nc,n->n": logits rows and classes, targets rows, one value per row. (Built from
-// chars: GCC 12 at -O3 misreports -Wrestrict on one-letter string literals here.)
-dispatch::EinsumSpec rows_spec() {
+// "abz,ab->ab": logits rows (leading dims) and classes (z), targets rows, one value
+// per row.
+dispatch::EinsumSpec rows_spec(const DistTensor& logits) {
+  const std::string rows = ops::letters(logits.dim() - 1);
   dispatch::EinsumSpec spec;
-  spec.inputs = {std::string("nc"), std::string(1, 'n')};
-  spec.output = std::string(1, 'n');
+  spec.inputs = {rows + "z", rows};
+  spec.output = rows;
   return spec;
 }
 
 // Per-row losses with the fused local kernels (ignored rows give 0).
 DistTensor fused_rows(const DistTensor& logits, const DistTensor& targets, int64_t ignore_index) {
-  dispatch::EinsumSpec spec = rows_spec();
-  spec.unshardable = std::string(1, 'c');
+  dispatch::EinsumSpec spec = rows_spec(logits);
+  spec.unshardable = std::string(1, 'z');
   const ops::Placed placed = ops::place_inputs("cross_entropy_rows", {}, {logits, targets}, spec);
   const Tensor logits_local = placed.locals[0], targets_local = placed.locals[1];
   const Placements out_layout = placed.strategy.output;
-  DistTensor rows = dispatch::wrap(cross_entropy(logits_local, targets_local, LossReduction::None, ignore_index),
-                                   logits.mesh(), out_layout, {logits.size(0)});
+  // The local kernels take [rows, C].
+  const int64_t classes = logits.size(-1);
+  const Tensor logits_2d = logits_local.reshape({-1, classes}), targets_1d = targets_local.reshape({-1});
+  DistTensor rows = dispatch::wrap(
+      cross_entropy(logits_2d, targets_1d, LossReduction::None, ignore_index).reshape(targets_local.shape()),
+      logits.mesh(), out_layout, rows_shape(logits));
   if (!autograd::needs_grad({logits})) return rows;
   const Placements logits_layout = placed.strategy.inputs[0];
   const Shape logits_shape = logits.shape();
   return ops::with_grad(rows, kOp, {logits, targets}, [=](const std::vector<DistTensor>& g) {
     const DistTensor grad = g[0].placements() == out_layout ? g[0] : g[0].redistribute(out_layout);
     const Tensor local =
-        cross_entropy_backward(grad.to_local(), logits_local, targets_local, LossReduction::None, ignore_index);
+        cross_entropy_backward(grad.to_local().reshape({-1}), logits_2d, targets_1d, LossReduction::None, ignore_index)
+            .reshape(logits_local.shape());
     return std::vector<DistTensor>{dispatch::wrap(local, grad.mesh(), logits_layout, logits_shape), DistTensor()};
   });
 }
@@ -65,25 +75,25 @@ DistTensor fused_rows(const DistTensor& logits, const DistTensor& targets, int64
 // class dim sharded each rank picks only the targets in its class range and the
 // result is Partial(sum). Linear in x, so a Partial x passes through.
 DistTensor pick(const DistTensor& x, const DistTensor& targets) {
-  dispatch::EinsumSpec spec = rows_spec();
+  dispatch::EinsumSpec spec = rows_spec(x);
   spec.partial = dispatch::PartialRule::OneOf;
   spec.partial_inputs = {true, false};
   const ops::Placed placed = ops::place_inputs("cross_entropy_pick", {}, {x, targets}, spec);
   const Tensor& x_local = placed.locals[0];
-  const int64_t offset = ops::shard_offset(x.mesh(), x.shape(), placed.strategy.inputs[0], 1);
+  const int64_t offset = ops::shard_offset(x.mesh(), x.shape(), placed.strategy.inputs[0], x.dim() - 1);
   const Tensor classes =
-      add(Tensor::arange(x_local.size(1), DType::I64, x_local.device()), static_cast<double>(offset)).unsqueeze(0);
-  const Tensor hit = eq(placed.locals[1].to(DType::I64).unsqueeze(1), classes);
+      add(Tensor::arange(x_local.size(-1), DType::I64, x_local.device()), static_cast<double>(offset));
+  const Tensor hit = eq(placed.locals[1].to(DType::I64).unsqueeze(-1), classes);
   const Tensor zero = Tensor::full({}, 0.0, x_local.dtype(), x_local.device());
   const Placements out_layout = placed.strategy.output;
-  DistTensor out = dispatch::wrap(sum(where(hit, x_local, zero), {1}), x.mesh(), out_layout, {x.size(0)});
+  DistTensor out = dispatch::wrap(sum(where(hit, x_local, zero), {-1}), x.mesh(), out_layout, rows_shape(x));
   if (!autograd::needs_grad({x})) return out;
   const Placements grad_layout = ops::partials_replicated(out_layout);
   const Placements x_grad_layout = ops::partials_replicated(placed.strategy.inputs[0]);
   const Shape x_shape = x.shape();
   return ops::with_grad(out, "cross_entropy_pick", {x, targets}, [=](const std::vector<DistTensor>& g) {
     const DistTensor grad = g[0].placements() == grad_layout ? g[0] : g[0].redistribute(grad_layout);
-    const Tensor local = where(hit, grad.to_local().unsqueeze(1), zero);
+    const Tensor local = where(hit, grad.to_local().unsqueeze(-1), zero);
     return std::vector<DistTensor>{dispatch::wrap(local, grad.mesh(), x_grad_layout, x_shape), DistTensor()};
   });
 }
@@ -97,7 +107,7 @@ DistTensor vocab_parallel_rows(const DistTensor& logits_in, const DistTensor& ta
     const Tensor zero = Tensor::full({}, 0.0, DType::I64, t.device());
     const Tensor counted = where(binary(BinaryOp::Ne, t, static_cast<double>(ignore_index)), t, zero);
     const int64_t low = amin(counted).item<int64_t>(), high = amax(counted).item<int64_t>();
-    DT_CHECK_ARG(low >= 0 && high < logits_in.size(1), kOp, "expected targets in [0, ", logits_in.size(1),
+    DT_CHECK_ARG(low >= 0 && high < logits_in.size(-1), kOp, "expected targets in [0, ", logits_in.size(-1),
                  ") or equal to ignore_index ", ignore_index, ", got targets in [", low, ", ", high, "]");
   }
   const DistTensor x = ops::without_partials(logits_in);
@@ -106,8 +116,8 @@ DistTensor vocab_parallel_rows(const DistTensor& logits_in, const DistTensor& ta
   // Three all-reduces of [N]-sized values, issued explicitly (Megatron's pattern)
   // rather than left to each op's greedy choice, which may split one into a
   // reduce-scatter and an all-gather.
-  const DistTensor shifted = sub(x, ops::without_partials(amax(x.detach(), {1}, true)));
-  const DistTensor log_sum_exp = log(ops::without_partials(sum(exp(shifted), {1})));
+  const DistTensor shifted = sub(x, ops::without_partials(amax(x.detach(), {-1}, true)));
+  const DistTensor log_sum_exp = log(ops::without_partials(sum(exp(shifted), {-1})));
   const DistTensor rows = sub(log_sum_exp, ops::without_partials(pick(shifted, targets)));
   return mul(rows, ops::cast(binary(BinaryOp::Ne, targets, static_cast<double>(ignore_index)), rows.dtype()));
 }
@@ -117,8 +127,9 @@ DistTensor vocab_parallel_rows(const DistTensor& logits_in, const DistTensor& ta
 DistTensor cross_entropy(const DistTensor& logits, const DistTensor& targets, LossReduction reduction,
                          int64_t ignore_index) {
   validate(logits, targets);
-  const DistTensor rows = ops::is_sharded_on(logits.placements(), 1) ? vocab_parallel_rows(logits, targets, ignore_index)
-                                                                   : fused_rows(logits, targets, ignore_index);
+  const DistTensor rows = ops::is_sharded_on(logits.placements(), logits.dim() - 1)
+                              ? vocab_parallel_rows(logits, targets, ignore_index)
+                              : fused_rows(logits, targets, ignore_index);
   switch (reduction) {
     case LossReduction::None: return rows;
     case LossReduction::Sum: return sum(rows);

@@ -27,6 +27,9 @@ CostModel CostModel::for_backend(std::string_view backend, int64_t ranks_on_host
   }
   // A local copy (read + write) on one core: bench_redistribute's local chunk.
   model.local_bandwidth_bytes_per_s = 7e9 * share;
+  // The attention kernel on one core of this project's machines: ~20-40 GFLOP/s
+  // (bench_context_parallel, seq 4096 on one rank).
+  model.flops_per_s = 2e10 * share;
   return model;
 }
 

@@ -40,11 +40,11 @@ testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& n
     auto gpt = models::parallelize_gpt(mesh, config, 7, options);
     AdamW optimizer(gpt->parameters(), {.lr = 1e-2});
     parallel::Trainer trainer(optimizer, {.sync = gpt->sync()});
-    const DeviceMesh& data = gpt->data_mesh();
     auto rows = [&](const Tensor& t, int64_t micro, int64_t micros) {
       const int64_t n = kBatch / micros;
-      return distribute(t.narrow(0, micro * n, n).contiguous(), data, gpt->batch_layout());
+      return gpt->distribute_batch(t.narrow(0, micro * n, n).contiguous());
     };
+    const ContextParallelScope scope(gpt->context_parallel());
     std::vector<double> losses;
     std::unique_ptr<parallel::Pipeline> pipe;
     if (gpt->pipeline()) {
@@ -128,6 +128,48 @@ TEST(Models, ParallelizeGptTrainsAsOneRank) {
                              train({1}, {"dp"}, {}, false), "PP, untied head");
 }
 
+// Context parallelism: the sequence sharded over cp (load-balanced order, or
+// contiguous), attention by ring or all-gather, composed with DDP, FSDP, TP and PP.
+TEST(Models, ParallelizeGptWithContextParallelTrainsAsOneRank) {
+  const testing::TrainingRun one = train({1}, {"dp"}, {});
+  testing::expect_equivalent(train({2}, {"cp"}, {}), one, "CP=2 (DDP over cp)");
+  testing::expect_equivalent(train({4}, {"cp"}, {.context = {.load_balanced = false}}), one, "CP=4, contiguous");
+  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {}), one, "DDP x CP");
+  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {.fsdp = 3}), one, "FSDP x CP");
+  testing::expect_equivalent(train({2, 2}, {"cp", "tp"}, {}), one, "CP x TP");
+  testing::expect_equivalent(train({2, 2}, {"pp", "cp"}, {.pipeline = {.micro_batches = 2}}), one, "PP x CP");
+}
+
+// Per step of a 2-layer GPT on dp=2 x cp=2 with the ring: each attention forward
+// sends its K and V blocks P - 1 times, its backward P - 1 K/V passes and P dK/dV
+// passes; the logits never move (no all-to-all), and DDP reduces every gradient in
+// one all-reduce over dp and cp together.
+TEST(Models, ContextParallelGptCommunicatesWhatTheRingSays) {
+  launch(4, [](Group g) {
+    DeviceMesh mesh(g, {2, 2}, {"dp", "cp"});
+    auto gpt = models::parallelize_gpt(mesh, testing::tiny_gpt(2), 7,
+                                       {.context = {.load_balanced = true, .attention = ContextAttention::Ring}});
+    const std::pair<Tensor, Tensor> batch = batch_of(0, gpt->model()->config());
+    const ContextParallelScope scope(gpt->context_parallel());
+    const DistTensor ids = gpt->distribute_batch(batch.first), targets = gpt->distribute_batch(batch.second);
+    CommDebugMode forward;
+    const DistTensor loss = gpt->model()->loss(ids, targets);
+    EXPECT_EQ(forward.count("send"), 2 * 2 * 1) << forward.to_string();
+    EXPECT_EQ(forward.count("all_to_all"), 0) << forward.to_string();
+    CommDebugMode backward;
+    loss.backward();
+    gpt->sync()->finish_gradient_sync();
+    EXPECT_EQ(backward.count("send"), 2 * (2 * 1 + 2 * 2)) << backward.to_string();
+    EXPECT_EQ(backward.count("all_to_all"), 0) << backward.to_string();
+    const auto* ddp = dynamic_cast<const parallel::DistributedDataParallel*>(gpt->sync());
+    ASSERT_NE(ddp, nullptr);
+    EXPECT_EQ(ddp->stats().all_reduces, 1);
+    EXPECT_EQ(backward.count("all_reduce", mesh.group("dp")) + backward.count("all_reduce", mesh.group("cp")) + 1,
+              backward.count("all_reduce"))
+        << "the bucket's all-reduce runs over dp x cp: " << backward.to_string();
+  });
+}
+
 TEST(Models, ParallelizeGptRefusesWhatCannotWork) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2}, {"tp"});
@@ -144,6 +186,13 @@ TEST(Models, ParallelizeGptRefusesWhatCannotWork) {
                      "has a 'replicate' dim, which only HSDP uses");
     EXPECT_THROW_MSG(gpt->make_pipeline(nullptr, nullptr), std::invalid_argument,
                      "make_pipeline needs a mesh with a 'pp' dim");
+    DeviceMesh cp(g, {2}, {"cp"});
+    EXPECT_THROW_MSG(models::parallelize_gpt(cp, tiny(), 7, {.tp = {.sequence_parallel = true}}), std::invalid_argument,
+                     "sequence parallelism and context parallelism both shard the sequence");
+    models::GPTConfig odd = tiny();
+    odd.block_size = 6;
+    EXPECT_THROW_MSG(models::parallelize_gpt(cp, odd, 7), std::invalid_argument,
+                     "cuts the sequence into 4 equal chunks; block_size 6 is not a multiple");
   });
 }
 

@@ -313,6 +313,24 @@ TEST(OpsNn, CrossEntropy) {
   }
 }
 
+// Leading dims [B, T] as they are (no reshape to rows), in every layout: the rows of
+// either dim, or the classes, sharded.
+TEST(OpsNn, CrossEntropyOverLeadingDims) {
+  for (LossReduction reduction : {LossReduction::Mean, LossReduction::None}) {
+    OpCase c;
+    c.name = "cross_entropy [2, 3, 5] reduction " + std::to_string(static_cast<int>(reduction));
+    c.inputs = {Tensor::randn({2, 3, 5}, 64), ids_tensor({4, 0, -100, 2, 1, 3}, {2, 3})};
+    c.differentiable = {true, false};
+    c.dist_fn = [reduction](const Inputs& in) { return cross_entropy(in[0], in[1], reduction); };
+    c.local_fn = [reduction](const Locals& in) {
+      const Tensor rows = cross_entropy(in[0].reshape({6, 5}), in[1].reshape({6}), reduction);
+      return reduction == LossReduction::None ? rows.reshape({2, 3}) : rows;
+    };
+    c.max_combinations = 30;
+    conform(c);
+  }
+}
+
 TEST(OpsNn, VocabParallelCrossEntropyNeverGathersLogits) {
   const Tensor logits = Tensor::randn({4, 10}, 63);
   const Tensor targets = ids_tensor({9, 0, 5, 4}, {4});
@@ -485,7 +503,7 @@ TEST(OpsNn, BadInput) {
     EXPECT_THROW_MSG(embedding(distribute(Tensor::randn({4, 6}, 94), mesh, {Shard(0)}), ints),
                      std::invalid_argument, "[embedding] expected ids in [0, 4), got ids in [1, 4]");
     EXPECT_THROW_MSG(cross_entropy(distribute(Tensor::randn({4}, 95), mesh, r), ints), std::invalid_argument,
-                     "[cross_entropy] expected logits [N, C], got [4]");
+                     "[cross_entropy] expected logits [N..., C], got [4]");
     EXPECT_THROW_MSG(cross_entropy(x, distribute(ids_tensor({1, 2}, {2}), mesh, r)), std::invalid_argument,
                      "[cross_entropy] expected targets [4] for logits [4, 6], got [2]");
     EXPECT_THROW_MSG(cross_entropy(distribute(Tensor::randn({4, 3}, 96), mesh, {Shard(1)}), ints),

@@ -17,6 +17,9 @@ struct CostModel {
   double latency_s = 2e-6;                  // per hop
   double bandwidth_bytes_per_s = 5e9;       // per rank, one direction
   double local_bandwidth_bytes_per_s = 8e9; // a local copy (read + write)
+  // Dense kernel throughput per rank (F32 GEMM-like work such as attention blocks):
+  // how much communication a computation can hide when the two overlap.
+  double flops_per_s = 2e10;
   // The backend exchanges strided pieces where they lie (threads: direct copies;
   // mpi: derived datatypes): an all-to-all between non-outermost dims needs no
   // packing or unpacking copies. False for a backend on the generic pack path.

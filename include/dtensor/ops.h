@@ -16,7 +16,9 @@
 // mesh; elsewhere they are an error (an accidental full-size tensor on every rank).
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "dtensor/dist_tensor.h"
@@ -139,12 +141,59 @@ DistTensor rms_norm(const DistTensor& x, const Shape& normalized_shape,
                     const std::optional<DistTensor>& weight = std::nullopt, double eps = 1e-6);
 // table [V, D] sharded on rows (vocab-parallel: masked lookup -> Partial) or columns.
 DistTensor embedding(const DistTensor& table, const DistTensor& ids);
-// logits [N, C] (any sharding, the class dim included: never gathered), targets [N].
+// logits [N..., C] (any sharding, the class dim included: never gathered), targets
+// [N...] (any number of leading dims).
 DistTensor cross_entropy(const DistTensor& logits, const DistTensor& targets,
                          LossReduction reduction = LossReduction::Mean, int64_t ignore_index = -100);
-// q, k, v [..., S, Dh]; heads sharded -> local. Scale 1/sqrt(Dh).
+// q, k, v [..., S, Dh]; heads sharded -> local. Scale 1/sqrt(Dh). The sequence
+// sharded over one mesh dim (context parallelism: q, k, v of one length, laid out
+// alike, the head dim whole) -> ring attention or the all-gather variant, chosen by
+// the cost model unless a ContextParallelScope names one; no S x S scores are held.
+// Other layouts run as a composite of matmul and softmax.
 DistTensor scaled_dot_product_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v,
                                         bool causal = false);
+
+// Context parallelism's knobs for a scope on this rank (parallel/context_parallel.h
+// shows the whole picture). Forward and backward of the model run inside the scope;
+// activation checkpointing recomputes under the scope its forward saw.
+enum class ContextAttention : uint8_t {
+  Auto,       // the cost model's choice
+  Ring,       // K/V blocks passed around the ring, overlapped with the blocks' compute
+  AllGather,  // K/V all-gathered (one collective, no merges), dK/dV reduce-scattered
+};
+struct ContextParallelOptions {
+  std::string mesh_dim = "cp";
+  // Sequences on a mesh with `mesh_dim` (of size P) are in load_balanced_positions
+  // order: causal attention masks by those positions (and takes the context-parallel
+  // path), sequence_positions gives them (position embeddings). S must be a multiple
+  // of 2P.
+  bool load_balanced = false;
+  ContextAttention attention = ContextAttention::Auto;
+};
+class ContextParallelScope {
+ public:
+  explicit ContextParallelScope(ContextParallelOptions options);
+  // None: no change (what ParallelGPT::context_parallel() gives without a cp dim).
+  explicit ContextParallelScope(std::optional<ContextParallelOptions> options);
+  ~ContextParallelScope();
+  ContextParallelScope(const ContextParallelScope&) = delete;
+  ContextParallelScope& operator=(const ContextParallelScope&) = delete;
+  // The innermost scope's options on this rank, if any.
+  static std::optional<ContextParallelOptions> current();
+
+ private:
+  std::optional<ContextParallelOptions> previous_;
+};
+
+// The global position of each row of the load-balanced order of `seq` positions over
+// `ranks` context-parallel ranks (Megatron's and TorchTitan's): 2 * ranks equal
+// chunks, rank r holding chunks r and 2 * ranks - 1 - r, so that under a causal mask
+// every rank does the same work. seq = 8, ranks = 2: {0, 1, 6, 7, 2, 3, 4, 5}.
+std::vector<int64_t> load_balanced_positions(int64_t seq, int64_t ranks);
+// The position of each row of a sequence of length `seq` on `mesh`: 0, 1, ..., or the
+// load-balanced order inside a load-balanced ContextParallelScope whose mesh dim
+// `mesh` has.
+std::vector<int64_t> sequence_positions(const DeviceMesh& mesh, int64_t seq);
 // Zeroes elements with probability p and scales the rest by 1/(1-p). The mask is a
 // function of (seed, global element index): the same for any mesh and placement.
 DistTensor dropout(const DistTensor& a, double p, uint64_t seed, bool training = true);

@@ -52,8 +52,9 @@ DistTensor language_model_loss(const DistTensor& logits, const DistTensor& targe
       logits.dim() == 3 && targets.dim() == 2 && targets.size(0) == logits.size(0) && targets.size(1) == logits.size(1),
       "language_model_loss", "expected logits [B, T, V] and targets [B, T], got ", logits.shape(), " and ",
       targets.shape());
-  const int64_t rows = targets.size(0) * targets.size(1);
-  return cross_entropy(reshape(logits, {rows, logits.size(2)}).to(DType::F32), reshape(targets, {rows}));
+  // No reshape to [B * T, V]: with B and T sharded on two mesh dims (data x context
+  // parallel) it would move the logits.
+  return cross_entropy(logits.to(DType::F32), targets);
 }
 
 }  // namespace dtensor::models

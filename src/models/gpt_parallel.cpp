@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dtensor/parallel/context_parallel.h"
 #include "util/check.h"
 
 namespace dtensor::models {
@@ -63,6 +64,19 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   DT_CHECK_ARG(options_.hsdp || !has_dim(mesh, "replicate"), kOp, "mesh ", mesh.to_string(),
                " has a 'replicate' dim, which only HSDP uses (fsdp > 0 and hsdp = true); name it 'dp' for DDP");
   const bool tp = has_dim(mesh, "tp");
+  cp_ = has_dim(mesh, options_.context.mesh_dim);
+  DT_CHECK_ARG(!cp_ || !options_.tp.sequence_parallel, kOp,
+               "sequence parallelism and context parallelism both shard the sequence; mesh ", mesh.to_string(),
+               " has a '", options_.context.mesh_dim, "' dim: turn sequence_parallel off");
+  DT_CHECK_ARG(!cp_ || !options_.hsdp, kOp, "HSDP over 'replicate' with context parallelism over '",
+               options_.context.mesh_dim, "' is not supported (FSDP all-reduces over the cp dim as over replicas)");
+  if (cp_ && options_.context.load_balanced) {
+    const int64_t chunks = 2 * mesh.size(options_.context.mesh_dim);
+    DT_CHECK_ARG(config.block_size % chunks == 0, kOp,
+                 "the load-balanced context-parallel order cuts the sequence into ", chunks,
+                 " equal chunks; block_size ", config.block_size,
+                 " is not a multiple (feed sequences of such lengths, or set context.load_balanced = false)");
+  }
   if (!has_dim(mesh, "pp")) {
     model_ = std::make_unique<GPT>(mesh, config, seed);
     // Tensor parallelism first, then DDP or FSDP over the tensor-parallel layouts.
@@ -83,7 +97,9 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   for (int d = 0; d < data.ndim(); ++d) {
     const std::string& name = data.names()[static_cast<size_t>(d)];
     const bool data_parallel = name == "dp" || name == "replicate";
-    batch_layout_.push_back(data_parallel ? Placement(Shard(0)) : Placement(Replicate()));
+    batch_layout_.push_back(data_parallel                       ? Placement(Shard(0))
+                            : name == options_.context.mesh_dim ? Placement(Shard(1))
+                                                                : Placement(Replicate()));
     if (data_parallel) {
       dp_rank_ = dp_rank_ * data.size(d) + data.coordinate(d);
       dp_size_ *= data.size(d);
@@ -93,7 +109,11 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
 
 void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
   if (options_.fsdp > 0) {
-    parallel::FSDPOptions fsdp{.stage = options_.fsdp, .replicate_dim = options_.hsdp ? "replicate" : ""};
+    // Context parallelism: the gradients are sums over cp too, all-reduced there as
+    // HSDP's are over its replicas.
+    parallel::FSDPOptions fsdp;
+    fsdp.stage = options_.fsdp;
+    fsdp.replicate_dim = options_.hsdp ? "replicate" : cp_ ? options_.context.mesh_dim : "";
     if (options_.fsdp_param_dtype) {
       fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
     }
@@ -102,9 +122,17 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     }
     fsdps_.push_back(std::make_unique<parallel::FSDPModule>(parallel::fully_shard(module, mesh, fsdp)));
     syncs_.push_back(fsdps_.back().get());
-  } else if (has_dim(mesh, "dp")) {
-    ddps_.push_back(std::make_unique<parallel::DistributedDataParallel>(
-        module, parallel::DDPOptions{.bucket_cap_mb = options_.bucket_mb, .dp_dim = "dp"}));
+  } else if (has_dim(mesh, "dp") || cp_) {
+    // Over dp, and over cp too (one all-reduce); over cp alone without dp.
+    parallel::DDPOptions ddp;
+    ddp.bucket_cap_mb = options_.bucket_mb;
+    ddp.dp_dim = "dp";
+    if (!has_dim(mesh, "dp")) {
+      ddp.dp_dim = options_.context.mesh_dim;
+    } else if (cp_) {
+      ddp.token_dims = {options_.context.mesh_dim};
+    }
+    ddps_.push_back(std::make_unique<parallel::DistributedDataParallel>(module, ddp));
     syncs_.push_back(ddps_.back().get());
   }
 }
@@ -128,6 +156,10 @@ std::string ParallelGPT::describe() const {
   std::string out = options_.fsdp > 0 ? (options_.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(options_.fsdp)
                     : !ddps_.empty()  ? "DDP"
                                       : "no data parallelism";
+  if (cp_) {
+    out += std::string(", context parallel over ") + options_.context.mesh_dim +
+           (options_.context.load_balanced ? " (load-balanced)" : "");
+  }
   if (pipeline_) {
     std::string split;
     for (const parallel::StageLayers& l : pipeline_->split()) {
@@ -138,6 +170,38 @@ std::string ParallelGPT::describe() const {
            " stages (blocks " + split + ")";
   }
   return out;
+}
+
+DistTensor ParallelGPT::distribute_batch(const Tensor& global) const {
+  if (!cp_) return distribute(global, data_mesh(), batch_layout_);
+  return parallel::distribute_sequence(global, data_mesh(), batch_layout_, options_.context, 1);
+}
+
+DistTensor ParallelGPT::batch_from_local(const Tensor& rows) const {
+  DT_CHECK_ARG(rows.dim() == 2, kOp, "expected this rank's rows of the batch [B, T], got ", rows.shape());
+  const Shape global{rows.size(0) * dp_size_, rows.size(1)};
+  if (!cp_) return DistTensor::from_local(rows, data_mesh(), batch_layout_, global);
+  const DeviceMesh& mesh = data_mesh();
+  const int64_t ranks = mesh.size(options_.context.mesh_dim),
+                rank = mesh.coordinate(mesh.dim_index(options_.context.mesh_dim));
+  const int64_t t = rows.size(1);
+  Tensor mine;
+  if (!options_.context.load_balanced || ranks == 1) {
+    const Range r = chunk_range(t, ranks, rank);
+    mine = rows.narrow(1, r.offset, r.length).contiguous();
+  } else {
+    DT_CHECK_ARG(t % (2 * ranks) == 0, kOp, "the load-balanced order cuts the ", t, " positions into ", 2 * ranks,
+                 " equal chunks");
+    const int64_t half = t / (2 * ranks);
+    mine = Tensor::empty({rows.size(0), 2 * half}, rows.dtype(), rows.device());
+    mine.narrow(1, 0, half).copy_(rows.narrow(1, rank * half, half));
+    mine.narrow(1, half, half).copy_(rows.narrow(1, (2 * ranks - 1 - rank) * half, half));
+  }
+  return DistTensor::from_local(mine, mesh, batch_layout_, global);
+}
+
+std::optional<ContextParallelOptions> ParallelGPT::context_parallel() const {
+  return cp_ ? std::optional<ContextParallelOptions>(options_.context) : std::nullopt;
 }
 
 std::unique_ptr<parallel::Pipeline> ParallelGPT::make_pipeline(std::function<DistTensor(int64_t, int64_t)> ids,

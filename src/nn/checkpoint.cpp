@@ -3,6 +3,7 @@
 
 #include "dtensor/autograd.h"
 #include "dtensor/nn/layers.h"
+#include "dtensor/ops.h"
 
 namespace dtensor::nn {
 namespace {
@@ -24,8 +25,10 @@ DistTensor checkpoint(Module& module, const DistTensor& x) {
   if (!autograd::needs_grad(inputs)) return module(x);
 
   const auto rng = dropout_state(module);
-  // The recomputation runs in backward, outside the caller's mixed-precision scope.
+  // The recomputation runs in backward, outside the caller's mixed-precision and
+  // context-parallel scopes.
   const std::optional<DType> compute = ComputeDtype::current();
+  const std::optional<ContextParallelOptions> context = ContextParallelScope::current();
   DistTensor out;
   {
     NoGradGuard no_grad;  // nothing inside the module is saved
@@ -35,22 +38,25 @@ DistTensor checkpoint(Module& module, const DistTensor& x) {
   const bool x_needs_grad = x.requires_grad();
   const size_t num_params = inputs.size() - 1;
   std::vector<DistTensor> outs{out};
-  autograd::record("checkpoint", inputs, outs, [&module, saved_x, x_needs_grad, rng, num_params, compute](
-                                                   const std::vector<DistTensor>& g) {
-    for (const auto& [dropout, calls] : rng) dropout->set_calls(calls);
-    DistTensor x_again = saved_x.detach();
-    if (x_needs_grad) x_again.set_requires_grad();
-    // Recompute with recording on, then run the inner backward: the parameters'
-    // gradients accumulate (and their hooks fire) there.
-    GradModeGuard recording(true);
-    std::optional<ComputeDtype> precision;
-    if (compute) precision.emplace(*compute);
-    DistTensor y = module(x_again);
-    backward(y, g[0]);
-    std::vector<DistTensor> grads{x_needs_grad ? x_again.grad() : DistTensor()};
-    grads.resize(1 + num_params);
-    return grads;
-  });
+  autograd::record(
+      "checkpoint", inputs, outs,
+      [&module, saved_x, x_needs_grad, rng, num_params, compute, context](const std::vector<DistTensor>& g) {
+        for (const auto& [dropout, calls] : rng) dropout->set_calls(calls);
+        DistTensor x_again = saved_x.detach();
+        if (x_needs_grad) x_again.set_requires_grad();
+        // Recompute with recording on, then run the inner backward: the parameters'
+        // gradients accumulate (and their hooks fire) there.
+        GradModeGuard recording(true);
+        std::optional<ComputeDtype> precision;
+        if (compute) precision.emplace(*compute);
+        std::optional<ContextParallelScope> sequence_order;
+        if (context) sequence_order.emplace(*context);
+        DistTensor y = module(x_again);
+        backward(y, g[0]);
+        std::vector<DistTensor> grads{x_needs_grad ? x_again.grad() : DistTensor()};
+        grads.resize(1 + num_params);
+        return grads;
+      });
   return outs[0];
 }
 

@@ -61,7 +61,9 @@ DistTensor PositionalEmbedding::forward(const DistTensor& x) {
   DT_CHECK_ARG(t <= max_positions, "PositionalEmbedding", "sequence length ", t, " exceeds the ", max_positions,
                " positions of the table");
   const DeviceMesh& mesh = weight_->mesh();
-  const DistTensor positions = distribute(Tensor::arange(t, DType::I64, x.device()), mesh, replicated(mesh));
+  // 0, 1, ..., or the load-balanced order of a context-parallel scope.
+  const std::vector<int64_t> order = sequence_positions(mesh, t);
+  const DistTensor positions = distribute(Tensor::from_vector(order).to(x.device()), mesh, replicated(mesh));
   return add(x, embedding(for_compute(*weight_), positions));
 }
 

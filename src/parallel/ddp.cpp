@@ -1,6 +1,8 @@
 // DDP buckets, hooks and the overlapped all-reduces.
 #include "dtensor/parallel/ddp.h"
 
+#include <algorithm>
+
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
 #include "dtensor/trace.h"
@@ -24,6 +26,8 @@ struct DistributedDataParallel::State {
   std::vector<bool> ready;
   std::vector<Bucket> buckets;
   int dp_dim = 0;
+  std::vector<int> reduce_dims;  // dp_dim, then the token dims
+  DeviceMesh reduce_mesh;        // their sub-mesh (its group runs the all-reduces)
   size_t outstanding = 0;  // gradients not yet ready in this backward
 };
 
@@ -33,6 +37,16 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
   DT_CHECK_ARG(!state_->params.empty(), "DistributedDataParallel", "the module has no parameters");
   const DeviceMesh& mesh = state_->params[0].mesh();
   state_->dp_dim = options_.dp_dim.empty() ? 0 : mesh.dim_index(options_.dp_dim);
+  state_->reduce_dims = {state_->dp_dim};
+  std::vector<std::string> reduce_names{mesh.names()[static_cast<size_t>(state_->dp_dim)]};
+  for (const std::string& name : options_.token_dims) {
+    const int d = mesh.dim_index(name);
+    DT_CHECK_ARG(std::find(state_->reduce_dims.begin(), state_->reduce_dims.end(), d) == state_->reduce_dims.end(),
+                 "DistributedDataParallel", "token dim '", name, "' is named twice or is the data-parallel dim");
+    state_->reduce_dims.push_back(d);
+    reduce_names.push_back(name);
+  }
+  state_->reduce_mesh = reduce_names.size() == 1 ? mesh[reduce_names[0]] : mesh.slice(reduce_names);
   // Refused orders: a second DDP, and DDP over the dim a fully_shard already
   // synchronises (its gradients come out sharded there; DDP would do nothing).
   const std::string dp_name = mesh.names()[static_cast<size_t>(state_->dp_dim)];
@@ -55,6 +69,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
     DT_CHECK_ARG(!p.placements()[state_->dp_dim].is_partial(), "DistributedDataParallel",
                  "expected parameters replicated or sharded over the data-parallel dim, got ",
                  placements_to_string(p.placements()));
+    for (size_t i = 1; i < state_->reduce_dims.size(); ++i) {
+      DT_CHECK_ARG(p.placements()[state_->reduce_dims[i]].is_replicate(), "DistributedDataParallel",
+                   "expected parameters replicated over token dim '", options_.token_dims[i - 1], "', got ",
+                   placements_to_string(p.placements()));
+    }
   }
   // Buckets in reverse registration order: backward produces the last layers'
   // gradients first.
@@ -105,23 +124,30 @@ void DistributedDataParallel::launch(size_t b) {
   // Only Partial gradients need the reduction; a Replicate one is already whole.
   bucket.packed.clear();
   std::vector<Shape> shapes;
+  std::vector<Tensor> grads;
   for (size_t k : bucket.params) {
-    const DistTensor g = state_->params[k].grad();
-    if (g.defined() && g.placements()[dp].is_partial()) {
-      bucket.packed.push_back(k);
-      shapes.push_back(g.to_local().shape());
+    DistTensor g = state_->params[k].grad();
+    if (!g.defined() || !g.placements()[dp].is_partial()) continue;
+    // Whole over a token dim: Partial there with the value on the first coordinate
+    // (local, no communication), so that one sum over every reduced dim is right.
+    Placements partial = g.placements();
+    for (int d : state_->reduce_dims) {
+      if (partial[d].is_replicate()) partial[d] = Partial();
     }
+    if (partial != g.placements()) g = g.redistribute(partial);
+    bucket.packed.push_back(k);
+    grads.push_back(g.to_local());
+    shapes.push_back(grads.back().shape());
   }
   if (bucket.packed.empty()) return;
   // The gradients one after another: FSDP's flat layout on one rank.
   bucket.layout = detail::FlatLayout(shapes, 1, 0);
-  const DistTensor& first = state_->params[bucket.packed[0]].grad();
-  bucket.buffer = Tensor::empty({bucket.layout.unsharded_numel()}, first.dtype(), first.device());
+  bucket.buffer = Tensor::empty({bucket.layout.unsharded_numel()}, grads[0].dtype(), grads[0].device());
   for (size_t i = 0; i < bucket.packed.size(); ++i) {
-    bucket.layout.pack(i, state_->params[bucket.packed[i]].grad().to_local(), bucket.buffer, /*accumulate=*/false);
+    bucket.layout.pack(i, grads[i], bucket.buffer, /*accumulate=*/false);
   }
   TraceSpan span("ddp_all_reduce_launch", "comm");
-  const Group& group = state_->params[0].mesh().group(dp);
+  const Group& group = state_->reduce_mesh.group();
   bucket.work = all_reduce_async(group, bucket.buffer, bucket.buffer, ReduceOp::Sum);
   ++stats_.all_reduces;
   if (state_->outstanding > 0) ++stats_.launched_during_backward;
@@ -134,9 +160,8 @@ void DistributedDataParallel::wait_for_gradients() {
                  " after DDP took the module's parameters; change parameters (parallelize_module, fully_shard, "
                  "Module::to) before wrapping the module in DDP");
   }
-  const int dp = state_->dp_dim;
   const DeviceMesh& mesh = state_->params[0].mesh();
-  const double scale = options_.average_gradients ? 1.0 / static_cast<double>(mesh.size(dp)) : 1.0;
+  const double scale = options_.average_gradients ? 1.0 / static_cast<double>(state_->reduce_mesh.size()) : 1.0;
   for (size_t b = 0; b < state_->buckets.size(); ++b) {
     State::Bucket& bucket = state_->buckets[b];
     // Gradients that never arrived (unused parameters) are the same on every rank,
@@ -151,7 +176,7 @@ void DistributedDataParallel::wait_for_gradients() {
       Tensor reduced = bucket.layout.unsharded_view(bucket.buffer, i).clone();
       if (scale != 1.0) reduced = mul(reduced, scale);
       Placements placements = g.placements();
-      placements[dp] = Replicate();
+      for (int d : state_->reduce_dims) placements[d] = Replicate();
       p.set_grad(DistTensor::from_local(reduced, mesh, placements, g.shape()));
     }
   }

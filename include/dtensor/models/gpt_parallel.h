@@ -11,8 +11,9 @@
 //   auto pipe = gpt->make_pipeline(ids_of, targets_of);            // with pp
 //
 // Mesh dims by name: "tp" tensor parallel (gpt_tp_plan), "dp" data parallel (DDP, or
-// FSDP with `fsdp` > 0), "replicate" the replica groups of HSDP, "pp" pipeline stages
-// (GPTPipeline: each stage on its dp x tp stage mesh, wrapped as the model would be).
+// FSDP with `fsdp` > 0), "replicate" the replica groups of HSDP, "cp" context parallel
+// (the sequence sharded; attention by ring or all-gather), "pp" pipeline stages
+// (GPTPipeline: each stage on its dp x cp x tp stage mesh, wrapped as the model would be).
 // The order is the one composition requires: tensor parallelism first, then FSDP or
 // DDP over the tensor-parallel layouts; the optimizer is built from parameters()
 // afterwards.
@@ -26,6 +27,7 @@
 
 #include "dtensor/models/gpt.h"
 #include "dtensor/models/gpt_pipeline.h"
+#include "dtensor/ops.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
 #include "dtensor/parallel/tensor_parallel.h"
@@ -60,6 +62,12 @@ struct GPTParallelOptions {
   bool hsdp = false;  // FSDP sharded over dp and replicated over "replicate"
   // FSDP mixed precision: parameters gathered in this dtype, gradients reduced in F32.
   std::optional<DType> fsdp_param_dtype;
+  // With a "cp" mesh dim: context parallelism. The sequence is sharded over cp in
+  // the load-balanced order by default (distribute_batch puts a batch in it; run the
+  // steps inside a ContextParallelScope of context_parallel()); attention is ring or
+  // all-gather by the cost model. DDP reduces gradients over dp and cp in one
+  // all-reduce; FSDP shards over dp and all-reduces over cp (as HSDP's replicas).
+  ContextParallelOptions context{.mesh_dim = "cp", .load_balanced = true};
   double bucket_mb = 25.0;      // DDP bucket size
   GPTPipelineOptions pipeline;  // with a "pp" mesh dim
 };
@@ -93,6 +101,17 @@ class ParallelGPT {
   // "FSDP ZeRO-3, 1F1B over 4 micro-batches, 2 stages (blocks 0-1 2-3)".
   std::string describe() const;
 
+  // A global batch [B, T] (the same on every rank: ids, targets) on data_mesh() in
+  // batch_layout(), its sequence in the context-parallel order when there is a cp dim.
+  DistTensor distribute_batch(const Tensor& global) const;
+  // The same from this rank's rows of the batch [B / dp_size(), T] (whole sequences,
+  // what a DistributedSampler gives dp_rank()): with a cp dim, this rank keeps its
+  // chunks of the sequence. No communication.
+  DistTensor batch_from_local(const Tensor& rows) const;
+  // With a "cp" mesh dim, the options to run forward and backward under:
+  //   const ContextParallelScope scope(gpt->context_parallel());
+  std::optional<ContextParallelOptions> context_parallel() const;
+
   // With pp: the runtime (GPTPipeline::make_pipeline with this rank's syncs).
   std::unique_ptr<parallel::Pipeline> make_pipeline(std::function<DistTensor(int64_t step, int64_t micro)> ids,
                                                     std::function<DistTensor(int64_t step, int64_t micro)> targets,
@@ -108,6 +127,7 @@ class ParallelGPT {
   std::vector<std::unique_ptr<parallel::DistributedDataParallel>> ddps_;
   std::vector<std::unique_ptr<parallel::FSDPModule>> fsdps_;
   std::vector<parallel::GradientSync*> syncs_;  // one per wrapped module
+  bool cp_ = false;                             // a context-parallel mesh dim
   Placements batch_layout_;
   int64_t dp_rank_ = 0, dp_size_ = 1;
 };

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "dtensor/dist_tensor.h"
+#include "dtensor/ops.h"
 
 namespace dtensor::parallel {
 
@@ -51,9 +52,14 @@ DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTe
 DistTensor ring_attention(const DistTensor& q, const DistTensor& k, const DistTensor& v, const std::string& cp_dim,
                           bool causal = false);
 
-// The global position of each row of the load-balanced order of `seq` positions over
-// `ranks` context-parallel ranks: rank r's rows are chunks r and 2 * ranks - 1 - r of
-// 2 * ranks equal chunks. seq = 8, ranks = 2: {0, 1, 6, 7, 2, 3, 4, 5}.
-std::vector<int64_t> load_balanced_positions(int64_t seq, int64_t ranks);
+// load_balanced_positions, sequence_positions, ContextParallelScope: ops.h.
+using ::dtensor::load_balanced_positions;
+
+// A global batch laid out for context parallelism: `global` (the same on every rank)
+// with its sequence dim `seq_dim` put in the order `options` gives (the load-balanced
+// order over the mesh dim's size, or as it is), distributed by `placements`, which
+// shard `seq_dim` over options.mesh_dim. Inputs, targets and masks alike.
+DistTensor distribute_sequence(const Tensor& global, const DeviceMesh& mesh, const Placements& placements,
+                               const ContextParallelOptions& options, int64_t seq_dim = 1);
 
 }  // namespace dtensor::parallel

@@ -34,6 +34,11 @@ struct DDPOptions {
   bool average_gradients = false;
   // The mesh dim that is data parallel (by name; empty: mesh dim 0).
   std::string dp_dim;
+  // Further mesh dims that shard the batch's tokens, whose gradients are sums over
+  // their shards too: context parallelism's "cp" (the sequence sharded there). They
+  // are reduced in the same all-reduce, over dp and these dims together; a gradient
+  // already whole over one of them counts on its first coordinate only.
+  std::vector<std::string> token_dims;
 };
 
 struct DDPStats {
