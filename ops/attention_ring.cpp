@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "dtensor/placement.h"
+#include "dtensor/trace.h"
 #include "ops/attention_context.h"
 
 namespace dtensor::ops::context {
@@ -74,6 +75,7 @@ struct Pass {
 // shapes but `rows` rows on the sequence dim; tags from `first_tag` keep two passes in
 // flight apart.
 Pass start_pass(const Layout& ring, const std::vector<Tensor>& outgoing, int64_t rows, int first_tag) {
+  const TraceSpan span("ring_pass_launch", "comm");
   Pass pass;
   std::vector<P2POp> ops;
   for (size_t i = 0; i < outgoing.size(); ++i) {
@@ -104,6 +106,8 @@ AttentionResult ring_forward(const Layout& ring, const Tensor& q, const Tensor& 
     // The block goes on to the next rank while this one computes on it.
     std::optional<Pass> pass;
     if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, ring.block_rows(ring.block_at(step + 1)), kBlockTag);
+    // On the trace: the block's compute between the pass's launch and its wait.
+    std::optional<TraceSpan> compute(std::in_place, "ring_block", "compute");
     for (const Segment& qs : mine) {
       for (const Segment& ks : ring.segments(block)) {
         const Mask mask = ring.mask(qs, ks);
@@ -112,6 +116,7 @@ AttentionResult ring_forward(const Layout& ring, const Tensor& q, const Tensor& 
               scaled_dot_product_attention(rows_of(q, qs), rows_of(kb, ks), rows_of(vb, ks), mask == Mask::Causal));
       }
     }
+    compute.reset();
     if (pass) {
       const std::vector<Tensor> got = pass->wait();
       kb = got[0];
@@ -135,6 +140,7 @@ AttentionGrads ring_backward(const Layout& ring, const Tensor& dout, const Tenso
     // once this rank has added its share (after the last step only they travel, home).
     std::optional<Pass> pass;
     if (step + 1 < ring.ranks) pass = start_pass(ring, {kb, vb}, rows, kBlockTag);
+    std::optional<TraceSpan> compute(std::in_place, "ring_block_backward", "compute");
     for (const Segment& qs : mine) {
       const AttentionResult saved{rows_of(result.out, qs), result.lse.narrow(-1, qs.offset, qs.rows)};
       const Tensor dout_rows = rows_of(dout, qs), q_rows = rows_of(q, qs);
@@ -148,6 +154,7 @@ AttentionGrads ring_backward(const Layout& ring, const Tensor& dout, const Tenso
         accumulate(rows_of(dv, ks), g.grad_v);
       }
     }
+    compute.reset();
     if (ring.ranks > 1) {
       Pass grad_pass = start_pass(ring, {dk, dv}, rows, kGradTag);
       if (pass) {
