@@ -26,6 +26,7 @@
 #include "dtensor/nn/checkpoint.h"
 #include "dtensor/nn/layers.h"
 #include "dtensor/nn/module.h"
+#include "dtensor/nn/moe.h"
 #include "dtensor/nn/sequential.h"
 #include "dtensor/nn/state_file.h"
 #include "dtensor/ops.h"

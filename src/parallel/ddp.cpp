@@ -2,6 +2,7 @@
 #include "dtensor/parallel/ddp.h"
 
 #include <algorithm>
+#include <map>
 
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
@@ -19,6 +20,8 @@ struct DistributedDataParallel::State {
     Tensor buffer;               // packed local gradients in flight
     std::vector<size_t> packed;  // params whose gradients are in `buffer`
     detail::FlatLayout layout;   // where each is in `buffer`
+    std::vector<int> dims;       // the mesh dims its gradients are summed over
+    const DeviceMesh* mesh = nullptr;  // their sub-mesh (its group runs the all-reduce)
     Work work;
   };
   std::vector<DistTensor> params;
@@ -27,7 +30,9 @@ struct DistributedDataParallel::State {
   std::vector<Bucket> buckets;
   int dp_dim = 0;
   std::vector<int> reduce_dims;  // dp_dim, then the token dims
-  DeviceMesh reduce_mesh;        // their sub-mesh (its group runs the all-reduces)
+  // Per set of reduced dims (a parameter sharded over a token dim, an expert weight
+  // over ep, is not summed over it), their sub-mesh.
+  std::map<std::vector<int>, DeviceMesh> reduce_meshes;
   size_t outstanding = 0;  // gradients not yet ready in this backward
 };
 
@@ -46,7 +51,6 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
     state_->reduce_dims.push_back(d);
     reduce_names.push_back(name);
   }
-  state_->reduce_mesh = reduce_names.size() == 1 ? mesh[reduce_names[0]] : mesh.slice(reduce_names);
   // Refused orders: a second DDP, and DDP over the dim a fully_shard already
   // synchronises (its gradients come out sharded there; DDP would do nothing).
   const std::string dp_name = mesh.names()[static_cast<size_t>(state_->dp_dim)];
@@ -70,10 +74,22 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
                  "expected parameters replicated or sharded over the data-parallel dim, got ",
                  placements_to_string(p.placements()));
     for (size_t i = 1; i < state_->reduce_dims.size(); ++i) {
-      DT_CHECK_ARG(p.placements()[state_->reduce_dims[i]].is_replicate(), "DistributedDataParallel",
-                   "expected parameters replicated over token dim '", options_.token_dims[i - 1], "', got ",
+      DT_CHECK_ARG(!p.placements()[state_->reduce_dims[i]].is_partial(), "DistributedDataParallel",
+                   "expected parameters replicated or sharded over token dim '", options_.token_dims[i - 1], "', got ",
                    placements_to_string(p.placements()));
     }
+  }
+  // The dims each parameter's gradient is summed over: the reduced dims it is
+  // replicated on. Sub-meshes built in parameter order, the same on every rank.
+  std::vector<std::vector<int>> dims_of(state_->params.size());
+  for (size_t k = 0; k < state_->params.size(); ++k) {
+    for (int d : state_->reduce_dims) {
+      if (!state_->params[k].placements()[d].is_shard()) dims_of[k].push_back(d);
+    }
+    if (dims_of[k].empty() || state_->reduce_meshes.count(dims_of[k])) continue;
+    std::vector<std::string> names;
+    for (int d : dims_of[k]) names.push_back(mesh.names()[static_cast<size_t>(d)]);
+    state_->reduce_meshes.emplace(dims_of[k], names.size() == 1 ? mesh[names[0]] : mesh.slice(names));
   }
   // Buckets in reverse registration order: backward produces the last layers'
   // gradients first.
@@ -82,10 +98,15 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
   double filled = cap;
   for (size_t k = state_->params.size(); k-- > 0;) {
     const double bytes = static_cast<double>(state_->params[k].to_local().nbytes());
-    if (filled + bytes > cap && !(state_->buckets.size() && state_->buckets.back().params.empty())) {
+    const bool other_dims = !state_->buckets.empty() && state_->buckets.back().dims != dims_of[k];
+    if ((filled + bytes > cap || other_dims) && !(state_->buckets.size() && state_->buckets.back().params.empty())) {
       state_->buckets.emplace_back();
       filled = 0;
     }
+    State::Bucket& bucket = state_->buckets.back();
+    bucket.dims = dims_of[k];
+    const auto found = state_->reduce_meshes.find(dims_of[k]);
+    bucket.mesh = found == state_->reduce_meshes.end() ? nullptr : &found->second;
     state_->buckets.back().params.push_back(k);
     state_->bucket_of[k] = state_->buckets.size() - 1;
     filled += bytes;
@@ -131,7 +152,7 @@ void DistributedDataParallel::launch(size_t b) {
     // Whole over a token dim: Partial there with the value on the first coordinate
     // (local, no communication), so that one sum over every reduced dim is right.
     Placements partial = g.placements();
-    for (int d : state_->reduce_dims) {
+    for (int d : bucket.dims) {
       if (partial[d].is_replicate()) partial[d] = Partial();
     }
     if (partial != g.placements()) g = g.redistribute(partial);
@@ -147,7 +168,7 @@ void DistributedDataParallel::launch(size_t b) {
     bucket.layout.pack(i, grads[i], bucket.buffer, /*accumulate=*/false);
   }
   TraceSpan span("ddp_all_reduce_launch", "comm");
-  const Group& group = state_->reduce_mesh.group();
+  const Group& group = bucket.mesh->group();
   bucket.work = all_reduce_async(group, bucket.buffer, bucket.buffer, ReduceOp::Sum);
   ++stats_.all_reduces;
   if (state_->outstanding > 0) ++stats_.launched_during_backward;
@@ -161,13 +182,13 @@ void DistributedDataParallel::wait_for_gradients() {
                  "Module::to) before wrapping the module in DDP");
   }
   const DeviceMesh& mesh = state_->params[0].mesh();
-  const double scale = options_.average_gradients ? 1.0 / static_cast<double>(state_->reduce_mesh.size()) : 1.0;
   for (size_t b = 0; b < state_->buckets.size(); ++b) {
     State::Bucket& bucket = state_->buckets[b];
     // Gradients that never arrived (unused parameters) are the same on every rank,
     // so every rank launches the same late buckets in the same order.
     if (!bucket.launched) launch(b);
     if (bucket.packed.empty()) continue;
+    const double scale = options_.average_gradients ? 1.0 / static_cast<double>(bucket.mesh->size()) : 1.0;
     TraceSpan span("ddp_all_reduce_wait", "comm");
     bucket.work.wait();
     for (size_t i = 0; i < bucket.packed.size(); ++i) {
@@ -176,7 +197,7 @@ void DistributedDataParallel::wait_for_gradients() {
       Tensor reduced = bucket.layout.unsharded_view(bucket.buffer, i).clone();
       if (scale != 1.0) reduced = mul(reduced, scale);
       Placements placements = g.placements();
-      for (int d : state_->reduce_dims) placements[d] = Replicate();
+      for (int d : bucket.dims) placements[d] = Replicate();
       p.set_grad(DistTensor::from_local(reduced, mesh, placements, g.shape()));
     }
   }

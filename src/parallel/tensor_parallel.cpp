@@ -2,11 +2,14 @@
 // matcher, and Megatron-LM's plan for models::GPT.
 #include "dtensor/parallel/tensor_parallel.h"
 
+#include "dtensor/nn/moe.h"
+
 #include <algorithm>
 #include <sstream>
 
 #include "dtensor/autograd.h"
 #include "dtensor/nn/layers.h"
+#include "dtensor/nn/moe.h"
 #include "dtensor/ops.h"
 #include "util/check.h"
 
@@ -222,6 +225,15 @@ struct Applier {
     }
   }
 
+  void operator()(const ExpertParallel& s) const {
+    DT_CHECK_ARG(dynamic_cast<nn::MoE*>(&module) != nullptr, "ExpertParallel", "'", name, "' is ", kind_of(module),
+                 "; the style fits nn::MoE");
+    place_parameter(module, "experts_up", dim, s.hidden ? Shard(1) : Shard(0));
+    place_parameter(module, "experts_gate", dim, s.hidden ? Shard(1) : Shard(0));
+    place_parameter(module, "experts_down", dim, s.hidden ? Shard(2) : Shard(0));
+    if (s.hidden) move_input(module, side("ExpertParallel(hidden)", Replicate()));
+  }
+
   void operator()(const PrepareModuleOutput& s) const {
     Side out = side("PrepareModuleOutput", s.desired_output_layouts);
     out.expected = s.output_layouts;
@@ -231,7 +243,8 @@ struct Applier {
 };
 
 bool places_parameters(const ParallelStyle& style) {
-  return std::holds_alternative<ColwiseParallel>(style) || std::holds_alternative<RowwiseParallel>(style);
+  return std::holds_alternative<ColwiseParallel>(style) || std::holds_alternative<RowwiseParallel>(style) ||
+         std::holds_alternative<ExpertParallel>(style);
 }
 
 // Name components: "blocks.0.attn.q" -> {"blocks", "0", "attn", "q"}.
@@ -346,6 +359,8 @@ std::string style_to_string(const ParallelStyle& style) {
           return "SequenceParallel(dim " + std::to_string(s.sequence_dim) + ")";
         } else if constexpr (std::is_same_v<S, PrepareModuleInput>) {
           return "PrepareModuleInput(" + s.desired_input_layouts.to_string() + ")";
+        } else if constexpr (std::is_same_v<S, ExpertParallel>) {
+          return s.hidden ? "ExpertParallel(hidden)" : "ExpertParallel";
         } else {
           return "PrepareModuleOutput(" + s.desired_output_layouts.to_string() + ")";
         }

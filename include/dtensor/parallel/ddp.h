@@ -37,7 +37,9 @@ struct DDPOptions {
   // Further mesh dims that shard the batch's tokens, whose gradients are sums over
   // their shards too: context parallelism's "cp" (the sequence sharded there). They
   // are reduced in the same all-reduce, over dp and these dims together; a gradient
-  // already whole over one of them counts on its first coordinate only.
+  // already whole over one of them counts on its first coordinate only. A parameter
+  // sharded over one of them (an expert weight over "ep") is summed over the others.
+  // Buckets hold parameters of one set of reduced dims.
   std::vector<std::string> token_dims;
 };
 

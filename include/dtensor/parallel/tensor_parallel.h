@@ -77,8 +77,18 @@ struct PrepareModuleOutput {
   bool use_local_output = false;
 };
 
-using ParallelStyle =
-    std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput, PrepareModuleOutput>;
+// nn::MoE's experts over the style's mesh dim. Expert parallel: the stacked expert
+// weights Shard(0), each rank holding E/P whole experts; tokens travel to them by
+// all-to-all (the mesh dim must shard the tokens: batch it there). With `hidden`,
+// tensor parallel inside every expert instead: up/gate Shard(1), down Shard(2), the
+// experts' output summed over the dim (the input replicated there, as for nn::MLP).
+// The router stays replicated.
+struct ExpertParallel {
+  bool hidden = false;
+};
+
+using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput,
+                                   PrepareModuleOutput, ExpertParallel>;
 
 // Module name (as named_modules() gives it, "" for the root) -> style. A '*' in a
 // pattern matches one name component ("blocks.*.attn.q" matches "blocks.0.attn.q";
