@@ -38,8 +38,8 @@ using dtensor::tools::TrainLog;
 namespace {
 
 // The mesh flag: "dp=2", "tp=2", "dp=2,tp=2", "replicate=2,dp=2" (HSDP), "dp=2,cp=2"
-// (context parallel: the sequence sharded), "pp=4,dp=2,tp=2" (stages on pp, each on
-// its own dp x cp x tp sub-mesh).
+// (context parallel: the sequence sharded), "dp=2,ep=2" (expert parallel, with
+// --moe-experts), "pp=4,dp=2,tp=2" (stages on pp, each on its own dp x cp x tp sub-mesh).
 MeshSpec parse_mesh(const std::string& text) {
   MeshSpec mesh;
   try {
@@ -48,10 +48,10 @@ MeshSpec parse_mesh(const std::string& text) {
     throw std::invalid_argument(std::string("--mesh: ") + e.what());
   }
   for (const std::string& name : mesh.names) {
-    if (name != "pp" && name != "dp" && name != "cp" && name != "tp" && name != "replicate") {
+    if (name != "pp" && name != "dp" && name != "cp" && name != "ep" && name != "tp" && name != "replicate") {
       throw std::invalid_argument(
-          "--mesh: dims are pp (pipeline stages), dp (data parallel), cp (context parallel), tp (tensor parallel) and "
-          "replicate (HSDP replica groups), got '" +
+          "--mesh: dims are pp (pipeline stages), dp (data parallel), cp (context parallel), ep (expert parallel), tp "
+          "(tensor parallel) and replicate (HSDP replica groups), got '" +
           name + "'");
     }
   }
@@ -60,7 +60,7 @@ MeshSpec parse_mesh(const std::string& text) {
 
 struct Settings {
   MeshSpec mesh;
-  int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;  // dp: data-parallel ranks (dp x replicate)
+  int64_t dp = 1, tp = 1, steps = 0, batch = 0, grad_accum = 1;  // dp: data-parallel ranks (dp x replicate x ep)
   int64_t pp = 1;                              // pipeline ranks; with a pp dim the micro-batches come from the schedule
   std::optional<parallel::Schedule> schedule;  // with a pp dim
   std::string timeline, save;
@@ -141,7 +141,7 @@ void read_pipeline_settings(const TrainConfig& o, Settings& s) {
 Settings read_settings(const TrainConfig& o) {
   Settings s;
   s.mesh = parse_mesh(o.mesh);
-  s.dp = s.mesh.size("dp") * s.mesh.size("replicate");
+  s.dp = s.mesh.size("dp") * s.mesh.size("replicate") * s.mesh.size("ep");  // the batch splits over ep too
   s.tp = s.mesh.size("tp");
   const auto has = [&](const char* name) { return std::count(s.mesh.names.begin(), s.mesh.names.end(), name) > 0; };
   s.fsdp = o.fsdp;
@@ -185,6 +185,17 @@ Settings read_settings(const TrainConfig& o) {
   s.model.dropout = o.dropout;
   s.model.tie_weights = o.tie_weights;
   s.model.checkpoint_activations = o.checkpoint_activations;
+  s.model.moe_experts = o.moe_experts;
+  s.model.moe_top_k = o.moe_top_k;
+  s.model.moe_capacity_factor = o.moe_capacity;
+  if (o.moe_experts < 0 || (o.moe_experts > 0 && (o.moe_top_k < 1 || o.moe_top_k > o.moe_experts))) {
+    throw std::invalid_argument("--moe-experts " + std::to_string(o.moe_experts) + " --moe-top-k " +
+                                std::to_string(o.moe_top_k) + ": expected 1 <= top-k <= experts");
+  }
+  if (has("ep") && (o.moe_experts == 0 || o.moe_experts % s.mesh.size("ep") != 0)) {
+    throw std::invalid_argument("--mesh " + o.mesh + ": an 'ep' dim needs --moe-experts, a multiple of ep, got " +
+                                std::to_string(o.moe_experts));
+  }
   if (s.model.heads < 1 || s.model.dim % s.model.heads != 0) {
     throw std::invalid_argument("--dim " + std::to_string(s.model.dim) + " must be a multiple of --heads " +
                                 std::to_string(s.model.heads));

@@ -166,6 +166,13 @@ TEST(MoE, AuxiliaryLossesHaveTheirFormulasAndGradients) {
     backward(y, zeros(y.shape(), mesh, {Replicate()}));
     const Tensor router_grad = moe.named_parameters()[0].second.grad().full_tensor();
     EXPECT_GT(amax(abs(router_grad)).item<double>(), 0.0);
+    // Scaled as the loss is (gradient accumulation, pipeline weights, fp16).
+    moe.zero_grad();
+    {
+      const nn::AuxLossScale quarter(0.25);
+      backward(moe(x), zeros(y.shape(), mesh, {Replicate()}));
+    }
+    EXPECT_TRUE(allclose(moe.named_parameters()[0].second.grad().full_tensor(), mul(router_grad, 0.25), 1e-5, 1e-8));
   });
 }
 

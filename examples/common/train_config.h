@@ -50,6 +50,9 @@ struct TrainConfig {
   std::string precision = "fp32";
   int64_t grad_accum = 1;
   bool checkpoint_activations = false;
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  double moe_capacity = 0;
   double bucket_mb = 25;
   int64_t fsdp = 0;
   bool hsdp = false;

@@ -1,6 +1,10 @@
 // The GPT model.
 #include "dtensor/models/gpt.h"
 
+#include <algorithm>
+#include <cmath>
+
+#include "dtensor/nn/moe.h"
 #include "dtensor/ops.h"
 #include "util/check.h"
 
@@ -17,9 +21,25 @@ GPT::GPT(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed) : confi
   append("positions", std::make_shared<nn::PositionalEmbedding>(mesh, c.block_size, c.dim, nn::derive_seed(seed, 1)));
   append("dropout", std::make_shared<nn::Dropout>(c.dropout, nn::derive_seed(seed, 2)));
   const nn::BlockConfig block{c.dim, c.heads, c.mlp_hidden, c.activation, c.rms_norm, c.bias, c.dropout, c.layers};
+  DT_CHECK_ARG(c.moe_experts >= 0 && (c.moe_experts == 0 || (c.moe_top_k >= 1 && c.moe_top_k <= c.moe_experts)), "GPT",
+               "expected moe_experts >= 0 and 1 <= moe_top_k <= moe_experts, got ", c.moe_experts, " and ",
+               c.moe_top_k);
+  const double out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.layers, 1)));
   for (int64_t i = 0; i < c.layers; ++i) {
-    append("blocks." + std::to_string(i),
-           std::make_shared<nn::TransformerBlock>(mesh, block, nn::derive_seed(seed, 100 + static_cast<uint64_t>(i))),
+    const uint64_t block_seed = nn::derive_seed(seed, 100 + static_cast<uint64_t>(i));
+    std::pair<std::string, std::shared_ptr<nn::Module>> feed_forward;
+    if (c.moe_experts > 0) {
+      const nn::MoEConfig moe{.dim = c.dim,
+                              .hidden = c.moe_hidden > 0 ? c.moe_hidden : c.mlp_hidden,
+                              .experts = c.moe_experts,
+                              .top_k = c.moe_top_k,
+                              .activation = c.activation,
+                              .capacity_factor = c.moe_capacity_factor,
+                              .shared_expert = c.moe_shared_expert,
+                              .aux_loss_coef = c.moe_aux_loss_coef};
+      feed_forward = {"moe", std::make_shared<nn::MoE>(mesh, moe, nn::derive_seed(block_seed, 1), out_std)};
+    }
+    append("blocks." + std::to_string(i), std::make_shared<nn::TransformerBlock>(mesh, block, block_seed, feed_forward),
            c.checkpoint_activations);
   }
   if (c.rms_norm) {

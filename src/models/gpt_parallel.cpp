@@ -34,10 +34,17 @@ parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions op
   for (const char* p : {"q", "k", "v"}) plan.emplace_back(std::string("blocks.*.attn.") + p, ColwiseParallel{});
   plan.emplace_back("blocks.*.attn.out", RowwiseParallel{.output_layouts = out});
   if (sp) plan.emplace_back("blocks.*.norm2", SequenceParallel{});
-  plan.emplace_back("blocks.*.mlp", PrepareModuleInput{.desired_input_layouts = Replicate()});
-  plan.emplace_back("blocks.*.mlp.up", ColwiseParallel{});
-  if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.mlp.gate", ColwiseParallel{});
-  plan.emplace_back("blocks.*.mlp.down", RowwiseParallel{.output_layouts = out});
+  if (config.moe_experts > 0) {
+    // Every expert's hidden dim sharded (the router replicated): the experts' output is
+    // summed over tp inside the layer; under sequence parallelism, scattered again.
+    plan.emplace_back("blocks.*.moe", ExpertParallel{.hidden = true});
+    if (sp) plan.emplace_back("blocks.*.moe", PrepareModuleOutput{.desired_output_layouts = out});
+  } else {
+    plan.emplace_back("blocks.*.mlp", PrepareModuleInput{.desired_input_layouts = Replicate()});
+    plan.emplace_back("blocks.*.mlp.up", ColwiseParallel{});
+    if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.mlp.gate", ColwiseParallel{});
+    plan.emplace_back("blocks.*.mlp.down", RowwiseParallel{.output_layouts = out});
+  }
   const Placement logits = options.loss_parallel ? Placement(Shard(-1)) : Placement(Replicate());
   if (sp) plan.emplace_back("norm", SequenceParallel{});
   if (config.tie_weights) {
@@ -68,6 +75,11 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   DT_CHECK_ARG(!cp_ || !options_.tp.sequence_parallel, kOp,
                "sequence parallelism and context parallelism both shard the sequence; mesh ", mesh.to_string(),
                " has a '", options_.context.mesh_dim, "' dim: turn sequence_parallel off");
+  ep_ = has_dim(mesh, "ep");
+  DT_CHECK_ARG(!ep_ || config.moe_experts > 0, kOp, "mesh ", mesh.to_string(),
+               " has an 'ep' dim (expert parallel), which needs a mixture-of-experts model (moe_experts > 0)");
+  DT_CHECK_ARG(!ep_ || options_.fsdp == 0, kOp,
+               "FSDP with expert parallelism over 'ep' is not supported (use DDP: the experts are sharded over ep)");
   DT_CHECK_ARG(!cp_ || !options_.hsdp, kOp, "HSDP over 'replicate' with context parallelism over '",
                options_.context.mesh_dim, "' is not supported (FSDP all-reduces over the cp dim as over replicas)");
   if (cp_ && options_.context.load_balanced) {
@@ -79,8 +91,9 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   }
   if (!has_dim(mesh, "pp")) {
     model_ = std::make_unique<GPT>(mesh, config, seed);
-    // Tensor parallelism first, then DDP or FSDP over the tensor-parallel layouts.
+    // Tensor and expert parallelism first, then DDP or FSDP over their layouts.
     if (tp) parallel::parallelize_module(*model_, mesh["tp"], gpt_tp_plan(model_->config(), options_.tp));
+    if (ep_) parallel::parallelize_module(*model_, mesh["ep"], {{"blocks.*.moe", parallel::ExpertParallel{}}});
     wrap(*model_, mesh);
   } else {
     pipeline_ = std::make_unique<GPTPipeline>(parallel::PipelineMesh(mesh), config, seed, options_.pipeline);
@@ -90,13 +103,17 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
         parallel::parallelize_module(*stage, stage_mesh["tp"],
                                      parallel::restrict_plan(gpt_tp_plan(pipeline_->config(), options_.tp), *stage));
       }
+      const parallel::ParallelizePlan experts{{"blocks.*.moe", parallel::ExpertParallel{}}};
+      if (ep_ && !parallel::restrict_plan(experts, *stage).empty()) {
+        parallel::parallelize_module(*stage, stage_mesh["ep"], experts);
+      }
       wrap(*stage, stage_mesh);
     }
   }
   const DeviceMesh& data = data_mesh();
   for (int d = 0; d < data.ndim(); ++d) {
     const std::string& name = data.names()[static_cast<size_t>(d)];
-    const bool data_parallel = name == "dp" || name == "replicate";
+    const bool data_parallel = name == "dp" || name == "replicate" || name == "ep";
     batch_layout_.push_back(data_parallel                       ? Placement(Shard(0))
                             : name == options_.context.mesh_dim ? Placement(Shard(1))
                                                                 : Placement(Replicate()));
@@ -122,16 +139,22 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     }
     fsdps_.push_back(std::make_unique<parallel::FSDPModule>(parallel::fully_shard(module, mesh, fsdp)));
     syncs_.push_back(fsdps_.back().get());
-  } else if (has_dim(mesh, "dp") || cp_) {
-    // Over dp, and over cp too (one all-reduce); over cp alone without dp.
+  } else if (has_dim(mesh, "dp") || cp_ || ep_) {
+    // Over dp, and over cp and ep too (one all-reduce; an expert weight, sharded over
+    // ep, over the others); over cp or ep alone without dp.
     parallel::DDPOptions ddp;
     ddp.bucket_cap_mb = options_.bucket_mb;
     ddp.dp_dim = "dp";
-    if (!has_dim(mesh, "dp")) {
-      ddp.dp_dim = options_.context.mesh_dim;
-    } else if (cp_) {
-      ddp.token_dims = {options_.context.mesh_dim};
+    std::vector<std::string> token_dims;
+    if (cp_) token_dims.push_back(options_.context.mesh_dim);
+    if (ep_) token_dims.push_back("ep");
+    if (has_dim(mesh, "dp")) {
+      ddp.dp_dim = "dp";
+    } else {
+      ddp.dp_dim = token_dims.front();
+      token_dims.erase(token_dims.begin());
     }
+    ddp.token_dims = token_dims;
     ddps_.push_back(std::make_unique<parallel::DistributedDataParallel>(module, ddp));
     syncs_.push_back(ddps_.back().get());
   }
@@ -156,6 +179,7 @@ std::string ParallelGPT::describe() const {
   std::string out = options_.fsdp > 0 ? (options_.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(options_.fsdp)
                     : !ddps_.empty()  ? "DDP"
                                       : "no data parallelism";
+  if (ep_) out += ", expert parallel over ep";
   if (cp_) {
     out += std::string(", context parallel over ") + options_.context.mesh_dim +
            (options_.context.load_balanced ? " (load-balanced)" : "");

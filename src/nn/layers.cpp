@@ -144,7 +144,8 @@ DistTensor SelfAttention::forward(const DistTensor& x) {
   return (*dropout_)((*out_)(merged));
 }
 
-TransformerBlock::TransformerBlock(const DeviceMesh& mesh, const BlockConfig& c, uint64_t seed) {
+TransformerBlock::TransformerBlock(const DeviceMesh& mesh, const BlockConfig& c, uint64_t seed,
+                                   std::pair<std::string, std::shared_ptr<Module>> feed_forward) {
   // GPT-2: residual projections start smaller, by 1/sqrt(2 * layers).
   const double out_std = 0.02 / std::sqrt(2.0 * std::max<int64_t>(c.layers, 1));
   auto norm = [&] {
@@ -155,8 +156,12 @@ TransformerBlock::TransformerBlock(const DeviceMesh& mesh, const BlockConfig& c,
   attn_ = register_module(
       "attn", std::make_shared<SelfAttention>(mesh, c.dim, c.heads, c.bias, c.dropout, derive_seed(seed, 0), out_std));
   norm2_ = register_module("norm2", norm());
-  mlp_ = register_module(
-      "mlp", std::make_shared<MLP>(mesh, c.dim, c.mlp_hidden, c.activation, c.bias, derive_seed(seed, 1), out_std));
+  if (feed_forward.second) {
+    mlp_ = register_module(feed_forward.first, std::move(feed_forward.second));
+  } else {
+    mlp_ = register_module(
+        "mlp", std::make_shared<MLP>(mesh, c.dim, c.mlp_hidden, c.activation, c.bias, derive_seed(seed, 1), out_std));
+  }
   residual_dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout, derive_seed(seed, 2)));
 }
 

@@ -15,6 +15,8 @@
 namespace dtensor::nn {
 namespace {
 
+thread_local double aux_loss_scale = 1.0;  // per rank
+
 constexpr const char* kOp = "MoE";
 
 Placements local_layout() { return Placements(1, Replicate()); }
@@ -77,7 +79,7 @@ DistTensor with_aux_gradient(const DistTensor& y, const DistTensor& aux) {
   const DeviceMesh mesh = aux.mesh();
   const Placements layout = aux.placements();
   autograd::record("moe_aux_loss", {y, aux}, outs, [mesh, layout](const std::vector<DistTensor>& grads) {
-    return std::vector<DistTensor>{grads[0], full({}, 1.0, mesh, layout, DType::F32)};
+    return std::vector<DistTensor>{grads[0], full({}, aux_loss_scale, mesh, layout, DType::F32)};
   });
   return outs[0];
 }
@@ -110,14 +112,14 @@ std::vector<int64_t> top_k(const Tensor& scores, int64_t k) {
 
 // Which of the whole batch's assignments [N, k] (expert ids) an expert keeps under
 // `capacity`: every token's first choice in token order, then every second choice...
-std::vector<uint8_t> kept_assignments(const std::vector<int64_t>& ids, int64_t k, int64_t experts, int64_t capacity,
-                                      int64_t* dropped) {
-  const auto n = static_cast<int64_t>(ids.size()) / k;
+// `tokens` lists the tokens (rows of `ids`) in their order in the batch.
+std::vector<uint8_t> kept_assignments(const std::vector<int64_t>& ids, const std::vector<int64_t>& tokens, int64_t k,
+                                      int64_t experts, int64_t capacity, int64_t* dropped) {
   std::vector<uint8_t> keep(ids.size(), 0);
   std::vector<int64_t> load(static_cast<size_t>(experts), 0);
   *dropped = 0;
   for (int64_t j = 0; j < k; ++j) {
-    for (int64_t t = 0; t < n; ++t) {
+    for (const int64_t t : tokens) {
       const auto slot = static_cast<size_t>(t * k + j);
       int64_t& l = load[static_cast<size_t>(ids[slot])];
       if (l < capacity) {
@@ -132,6 +134,10 @@ std::vector<uint8_t> kept_assignments(const std::vector<int64_t>& ids, int64_t k
 }
 
 }  // namespace
+
+AuxLossScale::AuxLossScale(double scale) : previous_(aux_loss_scale) { aux_loss_scale = scale; }
+AuxLossScale::~AuxLossScale() { aux_loss_scale = previous_; }
+double AuxLossScale::current() { return aux_loss_scale; }
 
 MoE::MoE(const DeviceMesh& mesh, const MoEConfig& config, uint64_t seed, double out_init_std) : config_(config) {
   const MoEConfig& c = config_;
@@ -223,7 +229,18 @@ DistTensor MoE::forward(const DistTensor& x) {
             .to(Device::cpu());
     const auto capacity = static_cast<int64_t>(
         std::ceil(c.capacity_factor * tokens * static_cast<double>(k) / static_cast<double>(experts)));
-    const std::vector<uint8_t> kept = kept_assignments(all.to_vector<int64_t>(), k, experts, capacity, &stats_.dropped);
+    // Token order: row-major, the sequence (the dim before the model dim) by position,
+    // which a load-balanced context-parallel order permutes.
+    const int64_t seq = x.dim() >= 3 ? lead.back() : 1;
+    const std::vector<int64_t> positions = sequence_positions(mesh, seq);
+    std::vector<int64_t> row_at(static_cast<size_t>(seq));
+    for (int64_t i = 0; i < seq; ++i) row_at[static_cast<size_t>(positions[static_cast<size_t>(i)])] = i;
+    std::vector<int64_t> order;
+    for (int64_t outer = 0; outer < shape_numel(lead) / seq; ++outer) {
+      for (int64_t q = 0; q < seq; ++q) order.push_back(outer * seq + row_at[static_cast<size_t>(q)]);
+    }
+    const std::vector<uint8_t> kept =
+        kept_assignments(all.to_vector<int64_t>(), order, k, experts, capacity, &stats_.dropped);
     std::vector<int64_t> kept_i64(kept.begin(), kept.end());
     const Tensor mine =
         distribute(Tensor::from_vector(kept_i64, choice_shape), mesh, token_layout).to_local().contiguous();
@@ -269,7 +286,7 @@ DistTensor MoE::forward(const DistTensor& x) {
   };
   int ep = -1;
   for (int d = 0; d < mesh.ndim(); ++d) {
-    if (up_->placements()[static_cast<size_t>(d)].is_shard(0)) ep = d;
+    if (up_->placements()[static_cast<size_t>(d)].is_shard(0) && mesh.size(d) > 1) ep = d;  // one rank: whole
   }
   DistTensor y_perm;
   if (ep < 0) {

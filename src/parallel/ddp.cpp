@@ -79,14 +79,15 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
                    placements_to_string(p.placements()));
     }
   }
-  // The dims each parameter's gradient is summed over: the reduced dims it is
-  // replicated on. Sub-meshes built in parameter order, the same on every rank.
+  // The dims each parameter's gradient is summed over: dp and the token dims it is
+  // not sharded on. Sub-meshes built in parameter order, the same on every rank.
   std::vector<std::vector<int>> dims_of(state_->params.size());
   for (size_t k = 0; k < state_->params.size(); ++k) {
+    // dp always (only gradients Partial there are reduced at all).
     for (int d : state_->reduce_dims) {
-      if (!state_->params[k].placements()[d].is_shard()) dims_of[k].push_back(d);
+      if (d == state_->dp_dim || !state_->params[k].placements()[d].is_shard()) dims_of[k].push_back(d);
     }
-    if (dims_of[k].empty() || state_->reduce_meshes.count(dims_of[k])) continue;
+    if (state_->reduce_meshes.count(dims_of[k])) continue;
     std::vector<std::string> names;
     for (int d : dims_of[k]) names.push_back(mesh.names()[static_cast<size_t>(d)]);
     state_->reduce_meshes.emplace(dims_of[k], names.size() == 1 ? mesh[names[0]] : mesh.slice(names));
@@ -105,8 +106,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, DDPOptions 
     }
     State::Bucket& bucket = state_->buckets.back();
     bucket.dims = dims_of[k];
-    const auto found = state_->reduce_meshes.find(dims_of[k]);
-    bucket.mesh = found == state_->reduce_meshes.end() ? nullptr : &found->second;
+    const auto found = state_->reduce_meshes.find(dims_of[k]);  // built above
+    bucket.mesh = &found->second;
     state_->buckets.back().params.push_back(k);
     state_->bucket_of[k] = state_->buckets.size() - 1;
     filled += bytes;

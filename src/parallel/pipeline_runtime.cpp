@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "dtensor/nn/layers.h"
+#include "dtensor/nn/moe.h"
 #include "dtensor/ops.h"
 #include "dtensor/trace.h"
 #include "parallel/pipeline_wire.h"
@@ -83,9 +84,7 @@ void Pipeline::Runtime::forward(const Action& a, Micro& st) {
     const DistTensor loss = pipe.data_.loss(step, a.micro, out);
     DT_CHECK_ARG(loss.defined() && loss.numel() == 1, kOp, "the loss of micro-batch ", a.micro,
                  " must be one value, got ", loss.defined() ? loss.shape() : Shape{});
-    const double weight =
-        pipe.data_.weights.empty() ? 1.0 / schedule().micro_batches : pipe.data_.weights[static_cast<size_t>(a.micro)];
-    const DistTensor weighted = mul(loss, weight);
+    const DistTensor weighted = mul(loss, micro_weight(a.micro));
     {
       NoGradGuard no_record;
       const DistTensor value = weighted.detach().to(DType::F64);
@@ -137,6 +136,8 @@ void Pipeline::Runtime::backward(const Action& a, Micro& st) {
   const double start = now_seconds();
   {
     TraceSpan span(a.to_string(), "pipeline");
+    // The micro-batch's weight in the loss, for the auxiliary losses inside the stage.
+    const nn::AuxLossScale aux_scale(nn::AuxLossScale::current() * micro_weight(a.micro));
     if (a.kind == ActionKind::Backward) {
       st.root.backward(grad);
     } else {
@@ -159,6 +160,7 @@ void Pipeline::Runtime::backward_weight(const Action& a, Micro& st) {
   const double start = now_seconds();
   {
     TraceSpan span(a.to_string(), "pipeline");
+    const nn::AuxLossScale aux_scale(nn::AuxLossScale::current() * micro_weight(a.micro));
     st.weights.run();
   }
   st.weights = DeferredBackward();

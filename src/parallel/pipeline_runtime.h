@@ -55,6 +55,10 @@ struct Pipeline::Runtime {
   const DeviceMesh& stage_mesh() const { return pipe.mesh_.stage_mesh(); }
   int rank_of(int stage) const { return schedule().rank_of(stage); }
   bool is_last(int stage) const { return stage + 1 == schedule().stages; }
+  // Micro-batch `m`'s weight in the step's loss.
+  double micro_weight(int m) const {
+    return pipe.data_.weights.empty() ? 1.0 / schedule().micro_batches : pipe.data_.weights[static_cast<size_t>(m)];
+  }
 
   const PipelineStage& stage_at(int stage) const;
 

@@ -6,6 +6,7 @@
 
 #include "dtensor/autograd.h"
 #include "dtensor/nn/layers.h"
+#include "dtensor/nn/moe.h"
 #include "dtensor/ops.h"
 #include "dtensor/trace.h"
 #include "util/check.h"
@@ -45,6 +46,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
         TraceSpan span("backward", "compute");
         // Only the last micro-batch reduces: the others accumulate locally.
         if (options_.sync && accum > 1) options_.sync->set_accumulating(micro + 1 < accum);
+        const nn::AuxLossScale aux_scale((scaler_ ? scaler_->scale_value() : 1.0) / static_cast<double>(accum));
         (scaler_ ? scaler_->scale(loss) : loss).backward();
       }
       NoGradGuard no_grad;
@@ -75,6 +77,8 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
     TraceSpan step_span("step", "train");
     reset_peak_memory();
     report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
+    // The pipeline weighs each micro-batch's auxiliary losses by its own weight on top.
+    const nn::AuxLossScale aux_scale(scaler_ ? scaler_->scale_value() : 1.0);
     report.stats.loss = runner.run(
         step, [&](const DistTensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }, options_.compute_dtype);
     finish_step(report, &runner);

@@ -8,7 +8,8 @@
 //   tokens     nn::Embedding           ids [B, T] (I64) -> [B, T, D]
 //   positions  nn::PositionalEmbedding x + table[0:T]
 //   dropout    nn::Dropout
-//   blocks.i   nn::TransformerBlock    (checkpointed with checkpoint_activations)
+//   blocks.i   nn::TransformerBlock    (checkpointed with checkpoint_activations; its
+//                                       MLP an nn::MoE "moe" with moe_experts)
 //   norm       nn::LayerNorm / nn::RMSNorm
 //   head       nn::Linear, or nn::TiedLinear over "tokens" (tie_weights)
 //
@@ -39,6 +40,15 @@ struct GPTConfig {
   bool tie_weights = true;
   // Recompute each block's activations in backward instead of keeping them.
   bool checkpoint_activations = false;
+  // Mixture of experts: with moe_experts > 0 every block's MLP is an nn::MoE of that
+  // many experts ("blocks.i.moe"), of moe_hidden (0: mlp_hidden) each, the block's
+  // activation, top-k routing with the capacity factor (0: dropless).
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  int64_t moe_hidden = 0;
+  double moe_capacity_factor = 0.0;
+  bool moe_shared_expert = false;
+  double moe_aux_loss_coef = 0.01;
 };
 
 class GPT : public nn::Sequential {

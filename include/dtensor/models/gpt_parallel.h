@@ -12,7 +12,9 @@
 //
 // Mesh dims by name: "tp" tensor parallel (gpt_tp_plan), "dp" data parallel (DDP, or
 // FSDP with `fsdp` > 0), "replicate" the replica groups of HSDP, "cp" context parallel
-// (the sequence sharded; attention by ring or all-gather), "pp" pipeline stages
+// (the sequence sharded; attention by ring or all-gather), "ep" expert parallel (with
+// moe_experts: each rank holds experts / ep of every MoE layer; the batch is sharded
+// over ep as over dp), "pp" pipeline stages
 // (GPTPipeline: each stage on its dp x cp x tp stage mesh, wrapped as the model would be).
 // The order is the one composition requires: tensor parallelism first, then FSDP or
 // DDP over the tensor-parallel layouts; the optimizer is built from parameters()
@@ -128,6 +130,7 @@ class ParallelGPT {
   std::vector<std::unique_ptr<parallel::FSDPModule>> fsdps_;
   std::vector<parallel::GradientSync*> syncs_;  // one per wrapped module
   bool cp_ = false;                             // a context-parallel mesh dim
+  bool ep_ = false;                             // an expert-parallel mesh dim
   Placements batch_layout_;
   int64_t dp_rank_ = 0, dp_size_ = 1;
 };

@@ -178,16 +178,18 @@ struct BlockConfig {
   int64_t layers = 2;  // for the residual-projection init scale
 };
 
-// Pre-norm block: x + attn(norm1 x), then x + mlp(norm2 x).
+// Pre-norm block: x + attn(norm1 x), then x + mlp(norm2 x). `feed_forward`, when
+// given, replaces the MLP under its own name (a mixture of experts: {"moe", MoE}).
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(const DeviceMesh& mesh, const BlockConfig& config, uint64_t seed);
+  TransformerBlock(const DeviceMesh& mesh, const BlockConfig& config, uint64_t seed,
+                   std::pair<std::string, std::shared_ptr<Module>> feed_forward = {});
   DistTensor forward(const DistTensor& x) override;
 
  private:
   std::shared_ptr<Module> norm1_, norm2_;
   std::shared_ptr<SelfAttention> attn_;
-  std::shared_ptr<MLP> mlp_;
+  std::shared_ptr<Module> mlp_;
   std::shared_ptr<Dropout> residual_dropout_;
 };
 

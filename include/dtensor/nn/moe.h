@@ -13,8 +13,9 @@
 //
 // Capacity: with capacity_factor c > 0 each expert takes at most ceil(c * N * k / E)
 // of the N tokens' assignments, in GShard's priority (every token's first choice, in
-// token order, before any second choice); the rest are dropped (their gate's share of
-// the output is 0). The decision is over the whole batch, so a sharded batch drops the
+// token order, before any second choice; the order by position, also when a
+// context-parallel scope permutes the sequence); the rest are dropped (their gate's
+// share of the output is 0). The decision is over the whole batch, so a sharded batch drops the
 // same assignments as one rank. c = 0: dropless.
 //
 // Auxiliary losses (over the whole batch): the load-balancing loss
@@ -22,8 +23,9 @@
 // the mean score of e; Switch Transformer) and the router z-loss
 // z_loss_coef * mean(logsumexp(logits)^2) (ST-MoE). They need not be added to the
 // model's loss: their gradients join backward through the layer's output (Megatron's
-// MoEAuxLossAutoScaler), as if added to the loss with weight 1; aux_loss() reports
-// the last forward's value.
+// MoEAuxLossAutoScaler), as if added to the loss (scaled as AuxLossScale says);
+// aux_loss() reports the last forward's value. Under gradient accumulation or a
+// pipeline each micro-batch has its own auxiliary loss (as in Megatron).
 //
 // Layouts: tokens may be sharded over any mesh dims (batch or sequence); the model
 // dim D whole. Expert parallelism: the expert weights Shard(0) over a mesh dim
@@ -43,6 +45,23 @@
 namespace dtensor::nn {
 
 enum class Gating : uint8_t { Softmax, Sigmoid };
+
+// The factor by which the backward running on this rank scales the model's loss
+// (gradient accumulation's 1 / micro-batches, a pipeline micro-batch's weight, fp16's
+// loss scale): the auxiliary losses' gradients follow it, so that they weigh in as if
+// added to the loss (Megatron's MoEAuxLossAutoScaler.set_loss_scale). parallel::Trainer
+// and parallel::Pipeline set it; 1 outside any scope.
+class AuxLossScale {
+ public:
+  explicit AuxLossScale(double scale);
+  ~AuxLossScale();
+  AuxLossScale(const AuxLossScale&) = delete;
+  AuxLossScale& operator=(const AuxLossScale&) = delete;
+  static double current();
+
+ private:
+  double previous_;
+};
 
 struct MoEConfig {
   int64_t dim = 64;
