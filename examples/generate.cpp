@@ -114,6 +114,14 @@ models::GPTConfig config_of(const nn::StateFile& f, const std::string& path) {
   c.rms_norm = get("norm") == "rmsnorm";
   c.bias = get("bias") == "true";
   c.tie_weights = get("tie_weights") == "true";
+  // A mixture-of-experts model (absent from files of dense models).
+  if (f.metadata.count("moe_experts")) {
+    c.moe_experts = to_integer("moe_experts", get("moe_experts"));
+    c.moe_top_k = to_integer("moe_top_k", get("moe_top_k"));
+    c.moe_hidden = to_integer("moe_hidden", get("moe_hidden"));
+    c.moe_capacity_factor = std::stod(get("moe_capacity_factor"));
+    c.moe_shared_expert = get("moe_shared_expert") == "true";
+  }
   return c;
 }
 

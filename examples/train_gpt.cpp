@@ -271,6 +271,13 @@ std::map<std::string, std::string> model_metadata(const models::GPTConfig& confi
       {"trained_on", s.mesh.to_string()},
       {"steps", std::to_string(s.steps)},
   };
+  if (config.moe_experts > 0) {
+    m["moe_experts"] = std::to_string(config.moe_experts);
+    m["moe_top_k"] = std::to_string(config.moe_top_k);
+    m["moe_hidden"] = std::to_string(config.moe_hidden);
+    m["moe_capacity_factor"] = std::to_string(config.moe_capacity_factor);
+    m["moe_shared_expert"] = config.moe_shared_expert ? "true" : "false";
+  }
   if (const auto* chars = dynamic_cast<const CharDataset*>(&data)) {
     m["data"] = "chars";
     m["vocabulary"] = chars->vocabulary();
