@@ -32,10 +32,10 @@ std::pair<Tensor, Tensor> batch_of(int64_t step, const models::GPTConfig& c) {
   return {b.inputs, b.targets};
 }
 
-// Three AdamW steps of the GPT laid out by parallelize_gpt over `shape` / `names`.
+// `steps` AdamW steps of the GPT laid out by parallelize_gpt over `shape` / `names`.
 testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& names,
                            models::GPTParallelOptions options, bool tied = true,
-                           const std::function<void(models::GPTConfig&)>& change = {}) {
+                           const std::function<void(models::GPTConfig&)>& change = {}, int64_t steps = 3) {
   models::GPTConfig config = tiny(tied);
   if (change) change(config);
   return testing::train_on_ranks(static_cast<int>(shape_numel(shape)), [&](Group g) {
@@ -56,7 +56,7 @@ testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& n
           [&, micros](int64_t step, int64_t micro) { return rows(batch_of(step, config).first, micro, micros); },
           [&, micros](int64_t step, int64_t micro) { return rows(batch_of(step, config).second, micro, micros); });
     }
-    for (int64_t step = 0; step < 3; ++step) {
+    for (int64_t step = 0; step < steps; ++step) {
       if (pipe) {
         losses.push_back(trainer.step(step, *pipe).stats.loss);
       } else {
@@ -134,13 +134,15 @@ TEST(Models, ParallelizeGptTrainsAsOneRank) {
 // Context parallelism: the sequence sharded over cp (load-balanced order, or
 // contiguous), attention by ring or all-gather, composed with DDP, FSDP, TP and PP.
 TEST(Models, ParallelizeGptWithContextParallelTrainsAsOneRank) {
-  const testing::TrainingRun one = train({1}, {"dp"}, {});
-  testing::expect_equivalent(train({2}, {"cp"}, {}), one, "CP=2 (DDP over cp)");
-  testing::expect_equivalent(train({4}, {"cp"}, {.context = {.load_balanced = false}}), one, "CP=4, contiguous");
-  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {}), one, "DDP x CP");
-  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {.fsdp = 3}), one, "FSDP x CP");
-  testing::expect_equivalent(train({2, 2}, {"cp", "tp"}, {}), one, "CP x TP");
-  testing::expect_equivalent(train({2, 2}, {"pp", "cp"}, {.pipeline = {.micro_batches = 2}}), one, "PP x CP");
+  const testing::TrainingRun one = train({1}, {"dp"}, {}, true, {}, 10);
+  testing::expect_equivalent(train({2}, {"cp"}, {}, true, {}, 10), one, "CP=2 (DDP over cp)");
+  testing::expect_equivalent(train({4}, {"cp"}, {.context = {.load_balanced = false}}, true, {}, 10), one,
+                             "CP=4, contiguous");
+  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {}, true, {}, 10), one, "DDP x CP");
+  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {.fsdp = 3}, true, {}, 10), one, "FSDP x CP");
+  testing::expect_equivalent(train({2, 2}, {"cp", "tp"}, {}, true, {}, 10), one, "CP x TP");
+  testing::expect_equivalent(train({2, 2}, {"pp", "cp"}, {.pipeline = {.micro_batches = 2}}, true, {}, 10), one,
+                             "PP x CP");
 }
 
 // Per step of a 2-layer GPT on dp=2 x cp=2 with the ring: each attention forward
@@ -189,11 +191,11 @@ TEST(Models, MixtureOfExpertsGptTrainsAsOneRank) {
   const testing::Tolerance tol{1e-5, 3e-5};
   for (const double capacity : {0.0, 1.0}) {
     const std::string what = capacity > 0 ? " capacity 1" : " dropless";
-    const testing::TrainingRun one = train({1}, {"dp"}, {}, true, moe(capacity));
-    testing::expect_equivalent(train({2, 2}, {"dp", "ep"}, {}, true, moe(capacity)), one, "DP x EP" + what, tol);
-    testing::expect_equivalent(train({4}, {"ep"}, {}, true, moe(capacity)), one, "EP=4" + what, tol);
-    testing::expect_equivalent(train({2, 2}, {"ep", "tp"}, {}, true, moe(capacity)), one, "EP x TP" + what, tol);
-    testing::expect_equivalent(train({2, 2}, {"ep", "cp"}, {}, true, moe(capacity)), one, "EP x CP" + what, tol);
+    const testing::TrainingRun one = train({1}, {"dp"}, {}, true, moe(capacity), 10);
+    testing::expect_equivalent(train({2, 2}, {"dp", "ep"}, {}, true, moe(capacity), 10), one, "DP x EP" + what, tol);
+    testing::expect_equivalent(train({4}, {"ep"}, {}, true, moe(capacity), 10), one, "EP=4" + what, tol);
+    testing::expect_equivalent(train({2, 2}, {"ep", "tp"}, {}, true, moe(capacity), 10), one, "EP x TP" + what, tol);
+    testing::expect_equivalent(train({2, 2}, {"ep", "cp"}, {}, true, moe(capacity), 10), one, "EP x CP" + what, tol);
   }
 }
 

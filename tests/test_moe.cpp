@@ -176,7 +176,7 @@ TEST(MoE, AuxiliaryLossesHaveTheirFormulasAndGradients) {
   });
 }
 
-// Three AdamW steps of x -> x + MoE(x) with a mean-square loss, on `shape`/`names`:
+// Ten AdamW steps of x -> x + MoE(x) with a mean-square loss, on `shape`/`names`:
 // DDP over the first dim (and the other token dims), or FSDP ZeRO-3 over it.
 testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& names, nn::MoEConfig config,
                            const std::string& ep = "", const std::string& tp = "", bool fsdp = false) {
@@ -202,7 +202,7 @@ testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& n
     }
     AdamW optimizer(model.parameters(), {.lr = 1e-2});
     std::vector<double> losses;
-    for (int64_t step = 0; step < 3; ++step) {
+    for (int64_t step = 0; step < 10; ++step) {
       const DistTensor x =
           distribute(Tensor::randn({8, 3, config.dim}, 20 + static_cast<uint64_t>(step)), mesh, layout);
       const DistTensor y = add(x, model(x));
