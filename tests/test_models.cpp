@@ -196,6 +196,8 @@ TEST(Models, MixtureOfExpertsGptTrainsAsOneRank) {
     testing::expect_equivalent(train({4}, {"ep"}, {}, true, moe(capacity), 10), one, "EP=4" + what, tol);
     testing::expect_equivalent(train({2, 2}, {"ep", "tp"}, {}, true, moe(capacity), 10), one, "EP x TP" + what, tol);
     testing::expect_equivalent(train({2, 2}, {"ep", "cp"}, {}, true, moe(capacity), 10), one, "EP x CP" + what, tol);
+    testing::expect_equivalent(train({2, 2}, {"dp", "ep"}, {.fsdp = 3}, true, moe(capacity), 10), one,
+                               "FSDP x EP" + what, tol);
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dtensor/nn/moe.h"
 #include "dtensor/parallel/context_parallel.h"
 #include "util/check.h"
 
@@ -78,8 +79,6 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   ep_ = has_dim(mesh, "ep");
   DT_CHECK_ARG(!ep_ || config.moe_experts > 0, kOp, "mesh ", mesh.to_string(),
                " has an 'ep' dim (expert parallel), which needs a mixture-of-experts model (moe_experts > 0)");
-  DT_CHECK_ARG(!ep_ || options_.fsdp == 0, kOp,
-               "FSDP with expert parallelism over 'ep' is not supported (use DDP: the experts are sharded over ep)");
   DT_CHECK_ARG(!cp_ || !options_.hsdp, kOp, "HSDP over 'replicate' with context parallelism over '",
                options_.context.mesh_dim, "' is not supported (FSDP all-reduces over the cp dim as over replicas)");
   if (cp_ && options_.context.load_balanced) {
@@ -126,13 +125,21 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
 
 void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
   if (options_.fsdp > 0) {
-    // Context parallelism: the gradients are sums over cp too, all-reduced there as
-    // HSDP's are over its replicas.
+    // Context and expert parallelism: the gradients are sums over cp and ep too,
+    // all-reduced there as HSDP's are over its replicas.
     parallel::FSDPOptions fsdp;
     fsdp.stage = options_.fsdp;
-    fsdp.replicate_dim = options_.hsdp ? "replicate" : cp_ ? options_.context.mesh_dim : "";
+    fsdp.replicate_dim = options_.hsdp ? "replicate" : cp_ ? options_.context.mesh_dim : ep_ ? "ep" : "";
     if (options_.fsdp_param_dtype) {
       fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
+    }
+    // With ep, each MoE its own unit first: its experts are sharded over ep (no replicas
+    // there), and its router's gradient, left Partial over ep, is reduced by the
+    // optimizer (as any gradient Partial over a dim FSDP does not own).
+    parallel::FSDPOptions experts = fsdp;
+    experts.replicate_dim = "";
+    for (auto& [_, m] : module.named_modules()) {
+      if (ep_ && dynamic_cast<nn::MoE*>(m)) parallel::fully_shard(*m, mesh, experts);
     }
     for (auto& [_, m] : module.named_modules()) {
       if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, fsdp);

@@ -14,7 +14,7 @@
 // FSDP with `fsdp` > 0), "replicate" the replica groups of HSDP, "cp" context parallel
 // (the sequence sharded; attention by ring or all-gather), "ep" expert parallel (with
 // moe_experts: each rank holds experts / ep of every MoE layer; the batch is sharded
-// over ep as over dp), "pp" pipeline stages
+// over ep as over dp; with FSDP each MoE is its own unit), "pp" pipeline stages
 // (GPTPipeline: each stage on its dp x cp x tp stage mesh, wrapped as the model would be).
 // The order is the one composition requires: tensor parallelism first, then FSDP or
 // DDP over the tensor-parallel layouts; the optimizer is built from parameters()
