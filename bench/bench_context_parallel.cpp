@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <mutex>
 
 #include "dtensor/dtensor.h"
@@ -21,6 +22,37 @@
 using namespace dtensor;
 
 namespace {
+
+// One measured step on each rank: `step` once to warm up, then `settle`, then one more
+// between barriers. Rank 0's time, and the largest peak over the ranks above what each
+// held before the measured step.
+struct Measurement {
+  std::mutex mu;
+  double seconds = 0;
+  int64_t peak = 0;
+};
+void measure(const Group& world, Measurement& m, const std::function<void()>& step,
+             const std::function<void()>& settle = {}) {
+  step();
+  if (settle) settle();
+  const int64_t before = memory_stats().live_bytes;
+  reset_peak_memory();
+  barrier(world);
+  const auto t0 = std::chrono::steady_clock::now();
+  step();
+  barrier(world);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t mine = memory_stats().peak_bytes - before;
+  const std::lock_guard<std::mutex> lock(m.mu);
+  m.peak = std::max(m.peak, mine);
+  if (world.rank() == 0) m.seconds = s;
+}
+
+void report(benchmark::State& state, const Measurement& m, int64_t tokens) {
+  state.counters["step_ms"] = m.seconds * 1e3;
+  state.counters["tokens_per_s"] = static_cast<double>(tokens) / m.seconds;
+  state.counters["peak_MiB_per_rank"] = static_cast<double>(m.peak) / 1048576.0;
+}
 
 void BM_RingAttention(benchmark::State& state) {
   // 0: the scaled_dot_product_attention op on one rank; 1, 2, 4: context parallel on cp
@@ -30,11 +62,9 @@ void BM_RingAttention(benchmark::State& state) {
   const int64_t seq = state.range(1);
   const bool gather = state.range(2) == 1;
   const Shape shape{1, 4, seq, 64};
-  double seconds = 0;
-  int64_t peak = 0;
+  Measurement m;
   for (auto _ : state) {
-    std::mutex mu;
-    peak = 0;
+    m.peak = 0;
     launch(cp, [&](Group world) {
       DeviceMesh mesh(world, {cp}, {"cp"});
       // The op's baseline replicated: a sequence sharded even over one rank sends it to
@@ -49,27 +79,15 @@ void BM_RingAttention(benchmark::State& state) {
         const DistTensor out = scaled_dot_product_attention(q, k, v, true);
         sum(out).backward();
       };
-      step();  // warm-up
-      for (const DistTensor* t : {&q, &k, &v}) t->zero_grad();
-      const int64_t before = memory_stats().live_bytes;
-      reset_peak_memory();
-      barrier(world);
-      const auto t0 = std::chrono::steady_clock::now();
-      step();
-      barrier(world);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int64_t mine = memory_stats().peak_bytes - before;
-      const std::lock_guard<std::mutex> lock(mu);
-      peak = std::max(peak, mine);
-      if (world.rank() == 0) seconds = s;
+      measure(world, m, step, [&] {
+        for (const DistTensor* t : {&q, &k, &v}) t->zero_grad();
+      });
     });
-    state.SetIterationTime(seconds);
+    state.SetIterationTime(m.seconds);
   }
   state.SetLabel(op ? "one rank, scaled_dot_product_attention op"
                     : std::string(gather ? "all-gather" : "ring") + ", cp=" + std::to_string(cp) + ", load-balanced");
-  state.counters["step_ms"] = seconds * 1e3;
-  state.counters["tokens_per_s"] = static_cast<double>(seq) / seconds;
-  state.counters["peak_MiB_per_rank"] = static_cast<double>(peak) / 1048576.0;
+  report(state, m, seq);
 }
 
 void BM_ContextParallelGPT(benchmark::State& state) {
@@ -81,11 +99,9 @@ void BM_ContextParallelGPT(benchmark::State& state) {
   config.layers = 2;
   config.heads = 4;
   config.dim = 64;
-  double seconds = 0;
-  int64_t peak = 0;
+  Measurement m;
   for (auto _ : state) {
-    std::mutex mu;
-    peak = 0;
+    m.peak = 0;
     launch(cp, [&](Group world) {
       DeviceMesh mesh(world, {cp}, {"cp"});
       auto gpt = models::parallelize_gpt(mesh, config, 7);
@@ -97,25 +113,12 @@ void BM_ContextParallelGPT(benchmark::State& state) {
         gpt->model()->loss(ids, targets).backward();
         gpt->sync()->finish_gradient_sync();
       };
-      step();  // warm-up: the gradients exist from here on
-      const int64_t before = memory_stats().live_bytes;
-      reset_peak_memory();
-      barrier(world);
-      const auto t0 = std::chrono::steady_clock::now();
-      step();
-      barrier(world);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int64_t mine = memory_stats().peak_bytes - before;
-      const std::lock_guard<std::mutex> lock(mu);
-      peak = std::max(peak, mine);
-      if (world.rank() == 0) seconds = s;
+      measure(world, m, step);  // after the warm-up the gradients exist
     });
-    state.SetIterationTime(seconds);
+    state.SetIterationTime(m.seconds);
   }
   state.SetLabel("GPT 2 layers dim 64, one step, cp=" + std::to_string(cp));
-  state.counters["step_ms"] = seconds * 1e3;
-  state.counters["tokens_per_s"] = static_cast<double>(seq) / seconds;
-  state.counters["peak_MiB_per_rank"] = static_cast<double>(peak) / 1048576.0;
+  report(state, m, seq);
 }
 
 }  // namespace
