@@ -234,6 +234,16 @@ std::vector<Case> cases() {
                                               embedding_backward(in[3], in[2], 10, true)};
                  },
                  10});
+  all.push_back({"argsort (both directions, stable), topk, bincount", kEvery,
+                 [](DType t) {
+                   return std::vector<Tensor>{uniform({4, 37}, t, -3, 3, 30),
+                                              Tensor::from_vector<int64_t>({3, 0, 9, 3, -1, 7, 1, 12}, {8})};
+                 },
+                 [](const std::vector<Tensor>& in, DType) {
+                   const TopK top = topk(in[0], 5, 1);
+                   return std::vector<Tensor>{argsort(in[0], 1), argsort(in[0], 0, true), top.values, top.indices,
+                                              bincount(in[1], 10)};
+                 }});
   all.push_back({"cross_entropy (mean, sum, none; an ignored target), forward and backward", kFloats,
                  [](DType t) {
                    return std::vector<Tensor>{uniform({8, 11}, t, -3, 3, 25),
@@ -397,6 +407,14 @@ class CountingKernels final : public backend::Kernels {
     note("embedding_backward");
     inner_.embedding_backward(grad_out, ids, masked, grad_table);
   }
+  void argsort(const Tensor& a, bool descending, Tensor& out) override {
+    note("argsort");
+    inner_.argsort(a, descending, out);
+  }
+  void bincount(const Tensor& ids, Tensor& counts) override {
+    note("bincount");
+    inner_.bincount(ids, counts);
+  }
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) override {
     note("cross_entropy");
     inner_.cross_entropy(logits, targets, ignore_index, losses);
@@ -470,6 +488,8 @@ std::set<std::string> every_entry() {
                                 "silu_backward",
                                 "embedding",
                                 "embedding_backward",
+                                "argsort",
+                                "bincount",
                                 "cross_entropy",
                                 "cross_entropy_backward",
                                 "attention",

@@ -192,3 +192,30 @@ TEST(CudaReduce, VarAndArgmaxMatchTheCpu) {
   EXPECT_TRUE(
       std::isinf(var(Tensor::from_vector<float>({1, 3}, {2}).to(kGpu), {0}, 2).to(Device::cpu()).item<float>()));
 }
+
+TEST(CudaSort, ArgsortTopkAndBincountMatchTheCpu) {
+  REQUIRE_GPU();
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    const std::string dt(dtype_name(t));
+    // Many ties (a coarse grid) and rows longer than a block; the sort is stable on
+    // both devices, so the indices agree exactly.
+    const Tensor a = values({3, 5, 700}, t, -4, 4, 41).to(DType::I64).to(t);
+    const Tensor g = a.to(kGpu);
+    for (int64_t dim : {0, 1, 2}) {
+      for (bool descending : {false, true}) {
+        expect_same(argsort(g, dim, descending), argsort(a, dim, descending), 0,
+                    "argsort " + dt + " dim " + std::to_string(dim));
+      }
+      expect_same(topk(g, 2, dim).indices, topk(a, 2, dim).indices, 0, "topk " + dt);
+      expect_same(topk(g, 2, dim).values, topk(a, 2, dim).values, 0, "topk values " + dt);
+    }
+    expect_same(argsort(g.transpose(0, 2), 1), argsort(a.transpose(0, 2), 1), 0, "argsort transposed " + dt);
+  }
+  std::vector<double> special = {0.0, std::nan(""), -0.0, -1e308, 3.0, -std::nan(""), 1e-300, -0.0};
+  const Tensor s = Tensor::from_vector(special, {8});
+  expect_same(argsort(s.to(kGpu)), argsort(s), 0, "argsort NaN and signed zeros");
+  expect_same(argsort(s.to(kGpu), 0, true), argsort(s, 0, true), 0, "argsort NaN descending");
+  const Tensor ids = values({5000}, DType::F64, -3, 70, 42).to(DType::I64);
+  expect_same(bincount(ids.to(kGpu), 64), bincount(ids, 64), 0, "bincount");
+  expect_same(bincount(ids.to(DType::I32).to(kGpu), 64), bincount(ids.to(DType::I32), 64), 0, "bincount i32");
+}

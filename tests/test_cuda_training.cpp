@@ -21,10 +21,15 @@ namespace {
 const Device kGpu = Device::cuda(0);
 
 // `steps` steps of AdamW with a global batch of 8, data parallel over `world` ranks
-// (DDP, or FSDP stage 3 per block), the model and the batches on `device`.
-dtensor::testing::TrainingRun train(int world, Device device, int steps, bool fsdp = false) {
+// (DDP, or FSDP stage 3 per block), the model and the batches on `device`; with
+// `moe`, the blocks' MLPs are mixtures of 4 experts, top-2 (routing on the device).
+dtensor::testing::TrainingRun train(int world, Device device, int steps, bool fsdp = false, bool moe = false) {
   dtensor::testing::TrainingRun result;
-  const models::GPTConfig config = dtensor::testing::tiny_gpt();
+  models::GPTConfig config = dtensor::testing::tiny_gpt();
+  if (moe) {
+    config.moe_experts = 4;
+    config.moe_top_k = 2;
+  }
   const int64_t global_batch = 8;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, {world}, {"dp"});
@@ -162,6 +167,8 @@ TEST(ModuleTo, TheHarnessMatchesOneRankOnTheCpu) {
   const dtensor::testing::TrainingRun one = train(1, Device::cpu(), 3);
   dtensor::testing::expect_equivalent(train(2, Device::cpu(), 3), one, "DDP=2 on the CPU");
   dtensor::testing::expect_equivalent(train(2, Device::cpu(), 3, true), one, "FSDP=2 on the CPU");
+  dtensor::testing::expect_equivalent(train(2, Device::cpu(), 3, false, true), train(1, Device::cpu(), 3, false, true),
+                                      "MoE GPT, DDP=2 on the CPU");
 }
 
 TEST(ModuleTo, ThePipelineHarnessMatchesOneRankOnTheCpu) {
@@ -176,6 +183,18 @@ TEST(ModuleTo, GptTrainsOnOneGpuAsOnTheCpu) {
   ASSERT_LT(cpu.losses.back(), cpu.losses.front()) << "the loss should fall";
   // Different summation orders (cuBLAS, the row kernels) under AdamW's normalisation.
   dtensor::testing::expect_equivalent(train(1, kGpu, 6), cpu, "one rank on the GPU", dtensor::testing::kAcrossDevices);
+}
+
+// The MoE's routing on the GPU: top-k, the stable sort by expert (CUB), the counts
+// and the row gathers, against the same steps on the CPU, on one rank and on two.
+TEST(ModuleTo, AMixtureOfExpertsGptTrainsOnTheGpuAsOnTheCpu) {
+  REQUIRE_GPU();
+  const dtensor::testing::TrainingRun cpu = train(1, Device::cpu(), 6, false, true);
+  ASSERT_LT(cpu.losses.back(), cpu.losses.front()) << "the loss should fall";
+  dtensor::testing::expect_equivalent(train(1, kGpu, 6, false, true), cpu, "MoE GPT on one GPU",
+                                      dtensor::testing::kAcrossDevices);
+  dtensor::testing::expect_equivalent(train(2, kGpu, 6, false, true), cpu, "MoE GPT, DDP=2 on one GPU",
+                                      dtensor::testing::kAcrossDevices);
 }
 
 TEST(ModuleTo, DdpWithTwoRanksOnOneGpuMatchesTheCpu) {

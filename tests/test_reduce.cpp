@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "backend/scalar_ops.h"
 #include "kernel_test_util.h"
@@ -242,6 +243,95 @@ TEST(Argmax, PreferenceCombinesInAnyOrderToTheSequentialAnswer) {
       ASSERT_EQ(index[0], want) << "trial " << trial << " with " << threads << " threads";
     }
   }
+}
+
+// ---- sorting ---------------------------------------------------------------------------------
+
+// A stable sort of one line by std::stable_sort on doubles with torch.sort's order
+// (NaN above every number), the reference for argsort and topk.
+std::vector<int64_t> reference_order(const std::vector<double>& line, bool descending) {
+  std::vector<int64_t> idx(line.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  auto less = [](double a, double b) { return std::isnan(a) ? false : (std::isnan(b) || a < b); };
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+    const double x = line[static_cast<size_t>(a)], y = line[static_cast<size_t>(b)];
+    return descending ? less(y, x) : less(x, y);
+  });
+  return idx;
+}
+
+TEST(Sort, ArgsortIsStableAlongAnyDimInEveryDtype) {
+  for (DType t : {DType::F32, DType::F64, DType::BF16, DType::F16, DType::I64, DType::I32, DType::Bool}) {
+    // A coarse grid: many ties, which a stable sort keeps in index order.
+    const Tensor x = (Tensor::rand({4, 9, 5}, 71, DType::F64) * 6 - 3).to(DType::I64).to(t);
+    for (int64_t dim : {0, 1, 2, -1}) {
+      for (bool descending : {false, true}) {
+        const Tensor got = argsort(x, dim, descending);
+        ASSERT_EQ(got.shape(), x.shape());
+        ASSERT_EQ(got.dtype(), DType::I64);
+        const int d = static_cast<int>(dim < 0 ? dim + 3 : dim);
+        const Tensor xl = x.transpose(d, 2).to(DType::F64).contiguous(), gl = got.transpose(d, 2).contiguous();
+        const std::vector<double> xv = xl.to_vector<double>();
+        const std::vector<int64_t> gv = gl.to_vector<int64_t>();
+        const int64_t n = x.size(d);
+        for (int64_t r = 0; r < x.numel() / n; ++r) {
+          const std::vector<double> line(xv.begin() + r * n, xv.begin() + (r + 1) * n);
+          const std::vector<int64_t> want = reference_order(line, descending);
+          ASSERT_EQ(std::vector<int64_t>(gv.begin() + r * n, gv.begin() + (r + 1) * n), want)
+              << dtype_name(t) << " dim " << dim << (descending ? " descending" : "") << " line " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(Sort, NaNSignedZerosAndExtremes) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> v = {0.0, NAN, -0.0, -inf, 2.5, inf, -NAN, -1e300, 1e-300, -0.0};
+  const Tensor x = Tensor::from_vector(v, {10});
+  EXPECT_EQ(argsort(x).to_vector<int64_t>(), reference_order(v, false));
+  EXPECT_EQ(argsort(x, 0, true).to_vector<int64_t>(), reference_order(v, true));
+  const std::vector<int64_t> ints = {INT64_MIN, 3, -1, INT64_MAX, 0, -1};
+  EXPECT_EQ(argsort(Tensor::from_vector(ints, {6})).to_vector<int64_t>(), (std::vector<int64_t>{0, 2, 5, 4, 1, 3}));
+  EXPECT_EQ(argsort(Tensor::full({}, 3.0)).item<int64_t>(), 0);
+  EXPECT_EQ(argsort(Tensor::zeros({3, 0})).shape(), (Shape{3, 0}));
+}
+
+TEST(Sort, TopKIsTheLargestKInOrderWithLowerIndexOnTies) {
+  const Tensor x = Tensor::from_vector<float>({1, 5, 3, 5, -2, 0, 7, 7, 7, 1}, {2, 5});
+  const TopK top = topk(x, 3);
+  EXPECT_EQ(top.values.to_vector<float>(), (std::vector<float>{5, 5, 3, 7, 7, 7}));
+  EXPECT_EQ(top.indices.to_vector<int64_t>(), (std::vector<int64_t>{1, 3, 2, 1, 2, 3}));
+  EXPECT_EQ(top.values.dtype(), DType::F32);
+  // Along dim 0, of a strided view, in BF16: values are a's elements, bit for bit.
+  const Tensor y = (Tensor::rand({6, 4}, 72, DType::F64) * 8).to(DType::BF16).transpose(0, 1);  // [4, 6]
+  const TopK col = topk(y, 2, 0);
+  ASSERT_EQ(col.values.shape(), (Shape{2, 6}));
+  for (int64_t j = 0; j < 6; ++j) {
+    const std::vector<double> line = y.narrow(1, j, 1).to(DType::F64).contiguous().to_vector<double>();
+    const std::vector<int64_t> order = reference_order(line, true);
+    for (int64_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(col.indices.narrow(0, i, 1).narrow(1, j, 1).item<int64_t>(), order[static_cast<size_t>(i)]);
+      EXPECT_EQ(col.values.narrow(0, i, 1).narrow(1, j, 1).to(DType::F64).item<double>(),
+                line[static_cast<size_t>(order[static_cast<size_t>(i)])]);
+    }
+  }
+  EXPECT_EQ(topk(x, 0).values.shape(), (Shape{2, 0}));
+  EXPECT_EQ(topk(Tensor::full({}, 2.0), 1).values.item<float>(), 2.0F);
+}
+
+TEST(Sort, BincountCountsIdsInRangeOnly) {
+  const Tensor ids = Tensor::from_vector<int64_t>({3, 0, 3, -1, 7, 2, 3, 0}, {8});
+  EXPECT_EQ(bincount(ids, 5).to_vector<int64_t>(), (std::vector<int64_t>{2, 0, 1, 3, 0}));
+  EXPECT_EQ(bincount(ids.to(DType::I32), 2).to_vector<int64_t>(), (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(bincount(Tensor::zeros({0}, DType::I64), 3).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 0}));
+}
+
+TEST(Sort, ErrorsNameTheOp) {
+  expect_invalid([] { topk(Tensor::zeros({2, 3}), 4); }, "[topk] expected 0 <= k <= 3");
+  expect_invalid([] { argsort(Tensor::zeros({2, 3}), 2); }, "[argsort] dim 2 out of range");
+  expect_invalid([] { bincount(Tensor::zeros({2, 3}, DType::I64), 4); }, "[bincount] expected 1-D ids");
+  expect_invalid([] { bincount(Tensor::zeros({3}), 4); }, "[bincount] expected ids of dtype i64 or i32");
 }
 
 // ---- errors ----------------------------------------------------------------------------------

@@ -114,6 +114,25 @@ Tensor var(const Tensor& a, const std::vector<int64_t>& dims = {}, int64_t corre
 // Index (I64) of the first maximum along one dim.
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);
 
+// ---- sorting ----------------------------------------------------------------------
+// Indices (I64, a's shape) that sort `a` along `dim`, stable: equal elements keep
+// their order (torch.argsort(stable=True)). -0.0 equals +0.0 and NaN sorts above
+// every number (first when descending), as torch.sort. On CUDA a radix sort (CUB)
+// of the same keys as the CPU's, so both devices give the same indices.
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false);
+// The k largest elements along `dim`, largest first, equal elements by lower index
+// (torch.topk(largest=True, sorted=True)): values in a's dtype, indices I64, both of
+// a's shape with size k along `dim`. 0 <= k <= a.size(dim).
+struct TopK {
+  Tensor values, indices;
+};
+TopK topk(const Tensor& a, int64_t k, int64_t dim = -1);
+// How often each value in [0, bins) occurs in the 1-D integer `ids`: I64 [bins]
+// (torch.bincount with minlength = bins). Ids outside [0, bins) are counted nowhere,
+// on every device (checking them would copy GPU ids to the host): compare the sum
+// with ids.numel() where a stray id is an error.
+Tensor bincount(const Tensor& ids, int64_t bins);
+
 // ---- linear algebra -------------------------------------------------------------
 // [..., m, k] @ [..., k, n] -> [..., m, n] with broadcast batch dims; 1-D operands are
 // promoted as in NumPy. Transposed views go to BLAS without copies.

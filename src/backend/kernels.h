@@ -85,6 +85,14 @@ class Kernels {
   // grad_table [V, D] zeroed by the caller; grad_out [N, D]; ids [N].
   virtual void embedding_backward(const Tensor& grad_out, const Tensor& ids, bool masked, Tensor& grad_table) = 0;
 
+  // Sorting, along the last dim of a contiguous [rows, n] that is F64 or I64 (the
+  // frontend widens the other dtypes, exactly): out [rows, n] I64 holds each row's
+  // indices in sort_key.h's order, stable (equal keys keep their index order).
+  virtual void argsort(const Tensor& a, bool descending, Tensor& out) = 0;
+  // counts [bins] I64, zeroed by the caller, += 1 for each id (flat [N], I64 or I32)
+  // in [0, bins); ids outside that range are counted nowhere.
+  virtual void bincount(const Tensor& ids, Tensor& counts) = 0;
+
   // logits [N, C]; targets [N]; losses [N] (0 for ignored rows). Returns via `losses`.
   virtual void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) = 0;
   // grad_rows [N] = upstream gradient per row (already scaled for Mean); out [N, C].

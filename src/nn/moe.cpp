@@ -24,7 +24,20 @@ Placements local_layout() { return Placements(1, Replicate()); }
 // `t` as a DistTensor on local_mesh() (its shape given: nothing to exchange).
 DistTensor piece(const Tensor& t) { return DistTensor::from_local(t, local_mesh(), local_layout(), t.shape()); }
 
-DistTensor local_ids(const std::vector<int64_t>& ids) { return piece(Tensor::from_vector(ids)); }
+// Rows `ids` of x ([m, D] on the local mesh), as x[ids], with autograd; ids outside
+// [0, m) give zero rows and no gradient. Every id here comes from the routing on x's
+// device and is in range by construction or marks a dropped assignment, so the
+// masked lookup is the right one, and it never copies GPU ids to the host.
+DistTensor gather_rows(const DistTensor& x, const Tensor& ids) {
+  const Tensor xl = x.to_local();
+  std::vector<DistTensor> outs{piece(embedding(xl, ids, /*masked=*/true))};
+  if (!autograd::needs_grad({x})) return outs[0];
+  const int64_t m = xl.size(0);
+  autograd::record("moe_gather_rows", {x}, outs, [ids, m](const std::vector<DistTensor>& grads) {
+    return std::vector<DistTensor>{piece(embedding_backward(grads[0].to_local(), ids, m, /*masked=*/true))};
+  });
+  return outs[0];
+}
 
 // x [m, in] times w [G, out, in] by groups of rows: rows [o_g, o_g + counts[g]) use
 // w[g] (y = x w_g^T). One GEMM per group; backward, one per group for dx and for dw.
@@ -92,22 +105,6 @@ Placements local_grad_layout(const DistTensor& w, const DistTensor& x) {
     if (out[d].is_replicate() && x.placements()[d].is_shard()) out[d] = Partial();
   }
   return out;
-}
-
-// Each token's top-k experts by score, best first (ties: the lower index).
-std::vector<int64_t> top_k(const Tensor& scores, int64_t k) {
-  const Tensor s = scores.to(DType::F32).contiguous().to(Device::cpu());
-  const int64_t experts = s.size(-1), n = s.numel() / std::max<int64_t>(experts, 1);
-  const std::vector<float> v = s.to_vector<float>();
-  std::vector<int64_t> ids(static_cast<size_t>(n * k)), order(static_cast<size_t>(experts));
-  for (int64_t t = 0; t < n; ++t) {
-    const float* row = v.data() + t * experts;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [row](int64_t a, int64_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
-    std::copy(order.begin(), order.begin() + k, ids.begin() + t * k);
-  }
-  return ids;
 }
 
 // Which of the whole batch's assignments [N, k] (expert ids) an expert keeps under
@@ -181,20 +178,22 @@ DistTensor MoE::forward(const DistTensor& x) {
   const DistTensor scores = c.gating == Gating::Softmax ? softmax(logits, -1) : sigmoid(logits);
   const Tensor score_local = scores.to_local();
   const int64_t n = score_local.numel() / experts;  // this rank's tokens
-  const std::vector<int64_t> ids = top_k(score_local, k);
+  const Device device = x.device();
+  // Each token's top-k experts, best first (ties: the lower index), on the device.
+  const Tensor ids = topk(score_local.reshape({n, experts}), k).indices;  // [n, k]
   Shape lead(x.shape().begin(), x.shape().end() - 1),
       lead_local(score_local.shape().begin(), score_local.shape().end() - 1);
   Shape choice_shape = lead, choice_local = lead_local;
   choice_shape.push_back(k);
   choice_local.push_back(k);
   const Placements token_layout = scores.placements();
-  std::vector<float> onehot(static_cast<size_t>(n * k * experts), 0.0F);
-  for (int64_t s = 0; s < n * k; ++s) onehot[static_cast<size_t>(s * experts + ids[static_cast<size_t>(s)])] = 1.0F;
   Shape onehot_shape = choice_shape, onehot_local = choice_local;
   onehot_shape.push_back(experts);
   onehot_local.push_back(experts);
-  const DistTensor chosen = DistTensor::from_local(Tensor::from_vector(onehot, onehot_local).to(x.device()), mesh,
-                                                   token_layout, onehot_shape);
+  const Tensor onehot =
+      eq(ids.reshape({n, k, 1}), Tensor::arange(experts, DType::I64, device).reshape({1, 1, experts}));
+  const DistTensor chosen =
+      DistTensor::from_local(onehot.to(DType::F32).reshape(onehot_local), mesh, token_layout, onehot_shape);
   DistTensor gates = sum(mul(unsqueeze(scores, -2), chosen), {-1});  // [..., k]
   if (c.normalize_top_k) gates = div(gates, sum(gates, {-1}, true));
   std::vector<int64_t> token_dims(lead.size());
@@ -219,14 +218,17 @@ DistTensor MoE::forward(const DistTensor& x) {
   }
   aux_loss_ = aux.redistribute(replicated);
 
-  // Capacity: the whole batch's choices decide which assignments each expert keeps.
-  std::vector<uint8_t> keep(ids.size(), 1);
+  // The expert of each assignment (slot t * k + j: token t's j-th choice); under a
+  // capacity, a dropped assignment gets the key `experts` and sorts last.
+  Tensor keys = ids.reshape({n * k});
   stats_ = MoEStats{};
   if (c.capacity_factor > 0) {
-    const Tensor all =
-        DistTensor::from_local(Tensor::from_vector(ids, choice_local).to(x.device()), mesh, token_layout, choice_shape)
-            .full_tensor()
-            .to(Device::cpu());
+    // Capacity: the whole batch's choices decide, in one global priority order, which
+    // assignments each expert keeps; a sequential rule, taken on the host from the
+    // gathered choices ([N, k] integers).
+    const Tensor all = DistTensor::from_local(ids.reshape(choice_local), mesh, token_layout, choice_shape)
+                           .full_tensor()
+                           .to(Device::cpu());
     const auto capacity = static_cast<int64_t>(
         std::ceil(c.capacity_factor * tokens * static_cast<double>(k) / static_cast<double>(experts)));
     // Token order: row-major, the sequence (the dim before the model dim) by position,
@@ -235,36 +237,36 @@ DistTensor MoE::forward(const DistTensor& x) {
     const std::vector<int64_t> positions = sequence_positions(mesh, seq);
     std::vector<int64_t> row_at(static_cast<size_t>(seq));
     for (int64_t i = 0; i < seq; ++i) row_at[static_cast<size_t>(positions[static_cast<size_t>(i)])] = i;
-    std::vector<int64_t> order;
+    std::vector<int64_t> priority;
     for (int64_t outer = 0; outer < shape_numel(lead) / seq; ++outer) {
-      for (int64_t q = 0; q < seq; ++q) order.push_back(outer * seq + row_at[static_cast<size_t>(q)]);
+      for (int64_t q = 0; q < seq; ++q) priority.push_back(outer * seq + row_at[static_cast<size_t>(q)]);
     }
-    const std::vector<uint8_t> kept =
-        kept_assignments(all.to_vector<int64_t>(), order, k, experts, capacity, &stats_.dropped);
-    std::vector<int64_t> kept_i64(kept.begin(), kept.end());
-    const Tensor mine =
-        distribute(Tensor::from_vector(kept_i64, choice_shape), mesh, token_layout).to_local().contiguous();
-    const std::vector<int64_t> v = mine.to_vector<int64_t>();
-    keep.assign(v.begin(), v.end());
+    std::vector<int64_t> all_ids = all.to_vector<int64_t>();
+    const std::vector<uint8_t> kept = kept_assignments(all_ids, priority, k, experts, capacity, &stats_.dropped);
+    for (size_t s = 0; s < kept.size(); ++s) {
+      if (!kept[s]) all_ids[s] = experts;
+    }
+    keys = distribute(Tensor::from_vector(all_ids, choice_shape), mesh, token_layout)
+               .to_local()
+               .contiguous()
+               .reshape({n * k})
+               .to(device);
   }
 
-  // This rank's assignments sorted by expert (stable: token order, then choice).
-  std::vector<int64_t> counts(static_cast<size_t>(experts), 0), perm_tokens, slot_row(static_cast<size_t>(n * k));
-  std::vector<std::vector<int64_t>> slots_of(static_cast<size_t>(experts));
-  for (int64_t s = 0; s < n * k; ++s) {
-    if (keep[static_cast<size_t>(s)]) slots_of[static_cast<size_t>(ids[static_cast<size_t>(s)])].push_back(s);
-  }
-  for (int64_t e = 0; e < experts; ++e) {
-    for (const int64_t s : slots_of[static_cast<size_t>(e)]) {
-      slot_row[static_cast<size_t>(s)] = static_cast<int64_t>(perm_tokens.size());
-      perm_tokens.push_back(s / k);
-    }
-    counts[static_cast<size_t>(e)] = static_cast<int64_t>(slots_of[static_cast<size_t>(e)].size());
-  }
-  const auto rows = static_cast<int64_t>(perm_tokens.size());
-  for (int64_t s = 0; s < n * k; ++s) {
-    if (!keep[static_cast<size_t>(s)]) slot_row[static_cast<size_t>(s)] = rows;  // the zero row
-  }
+  // This rank's assignments sorted by expert on the device (CUB's radix sort on CUDA),
+  // stable: by token, then choice, within an expert. Only the counts per expert come
+  // to the host: the grouped GEMMs and the all-to-all sizes need them there.
+  const Tensor order = argsort(keys);  // slots in expert order, dropped ones last
+  std::vector<int64_t> counts = bincount(keys, experts).to(Device::cpu()).to_vector<int64_t>();
+  const int64_t rows = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  // The token of each sorted assignment (slot s belongs to token s / k), read from a
+  // [n * k, 1] table so that no integer division runs in floating point.
+  const Tensor token_of_slot =
+      Tensor::arange(n, DType::I64, device).reshape({n, 1}).expand({n, k}).contiguous().reshape({n * k, 1});
+  const Tensor perm_tokens = embedding(token_of_slot, order.narrow(0, 0, rows), /*masked=*/true).reshape({rows});
+  // Where each slot's row is in that order (the inverse permutation): a dropped slot
+  // points at a row >= rows, which the combine reads as zero.
+  const Tensor slot_row = argsort(order);
   stats_.tokens_per_expert = counts;
 
   // Dispatch, experts, combine on this rank's pieces. Experts sharded over their hidden
@@ -274,7 +276,7 @@ DistTensor MoE::forward(const DistTensor& x) {
     if (down_->placements()[d].is_shard(2)) out_layout[d] = Partial();
   }
   const DistTensor x_rows = reshape(x.as_local(out_layout), {n, c.dim});
-  const DistTensor x_perm = embedding(x_rows, local_ids(perm_tokens));
+  const DistTensor x_perm = gather_rows(x_rows, perm_tokens);
   auto weight = [&](const DistTensor* w) {
     return w ? for_compute(*w).as_local(local_grad_layout(*w, x)) : DistTensor();
   };
@@ -328,11 +330,11 @@ DistTensor MoE::forward(const DistTensor& x) {
       }
     }
     const DistTensor received = exchange(x_perm, mesh, ep, send, recv);
-    const DistTensor y_grouped = run_experts(embedding(received, local_ids(regroup)), local_counts);
-    y_perm = exchange(embedding(y_grouped, local_ids(back)), mesh, ep, recv, send);
+    const DistTensor y_grouped =
+        run_experts(gather_rows(received, Tensor::from_vector(regroup).to(device)), local_counts);
+    y_perm = exchange(gather_rows(y_grouped, Tensor::from_vector(back).to(device)), mesh, ep, recv, send);
   }
-  const DistTensor zero_row = zeros({1, c.dim}, local_mesh(), local_layout(), y_perm.dtype());
-  const DistTensor y_slots = reshape(embedding(cat({y_perm, zero_row}, 0), local_ids(slot_row)), {n, k, c.dim});
+  const DistTensor y_slots = reshape(gather_rows(y_perm, slot_row), {n, k, c.dim});
   const DistTensor local_gates = unsqueeze(reshape(gates.as_local(out_layout), {n, k}), -1).to(y_slots.dtype());
   Shape out_local = lead_local;
   out_local.push_back(c.dim);

@@ -73,6 +73,8 @@ class CpuKernels final : public Kernels {
                           const Tensor& lse, bool causal, double scale, Tensor& gq, Tensor& gk, Tensor& gv) override {
     cpu::attention_backward(g, q, k, v, out, lse, causal, scale, gq, gk, gv);
   }
+  void argsort(const Tensor& a, bool descending, Tensor& out) override { cpu::argsort(a, descending, out); }
+  void bincount(const Tensor& ids, Tensor& counts) override { cpu::bincount(ids, counts); }
   bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg,
                   Tensor& exp_avg_sq) override {
     return cpu::adamw_step(step, param, grad, exp_avg, exp_avg_sq);

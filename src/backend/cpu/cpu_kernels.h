@@ -7,6 +7,7 @@
 //   nn.cpp          softmax, norms, activations' backward, embedding, cross-entropy
 //   attention.cpp   fused attention (online softmax over key tiles), forward and backward
 //   optim.cpp       the fused AdamW step
+//   sort.cpp        argsort (stable, sort_key.h's order), bincount
 #pragma once
 
 #include <string>
@@ -55,6 +56,9 @@ void cross_entropy_backward(const Tensor& grad_rows, const Tensor& logits, const
 void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out, Tensor& lse);
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, bool causal, double scale, Tensor& grad_q, Tensor& grad_k, Tensor& grad_v);
+
+void argsort(const Tensor& a, bool descending, Tensor& out);
+void bincount(const Tensor& ids, Tensor& counts);
 
 bool adamw_step(const AdamWStep& step, Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq);
 

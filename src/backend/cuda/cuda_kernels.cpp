@@ -3,9 +3,10 @@
 // sum/mean/max/min/var/argmax through reduce.cu, matmul through cuBLASLt,
 // softmax/log_softmax through softmax.cu, the norms through norm.cu, cross entropy
 // and embedding through cross_entropy.cu and embedding.cu, attention through
-// attention.cu, randn/rand/arange through factories.cu and the fused AdamW step
-// through optim.cu (forward and backward where the op has one). Kernels run on the
-// calling thread's current stream of the tensors' GPU.
+// attention.cu, randn/rand/arange through factories.cu, argsort and bincount
+// through sort.cu (CUB's radix sort) and the fused AdamW step through optim.cu
+// (forward and backward where the op has one). Kernels run on the calling thread's
+// current stream of the tensors' GPU.
 #include <cassert>
 #include <cstring>
 
@@ -20,6 +21,7 @@
 #include "backend/cuda/optim.h"
 #include "backend/cuda/reduce.h"
 #include "backend/cuda/softmax.h"
+#include "backend/cuda/sort.h"
 #include "backend/index_check.h"
 #include "backend/kernels.h"
 #include "backend/offset_calc.h"
@@ -232,6 +234,17 @@ class CudaKernels final : public Kernels {
     const Tensor scratch = Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, g.device());
     launch_embedding_backward(g.dtype(), ids.dtype(), shape, g.data_ptr(), g.stride(0), g.stride(1), ids.data_ptr(),
                               grad_table.data_ptr(), scratch.data_ptr(), bytes, stream_of(g));
+  }
+  void argsort(const Tensor& a, bool descending, Tensor& out) override {
+    // Key and position buffers and CUB's temporary storage from the stream-ordered pool.
+    const size_t bytes = argsort_scratch_bytes(a.size(0), a.size(1));
+    const Tensor scratch = Tensor::empty({static_cast<int64_t>((bytes + 7) / 8)}, DType::I64, a.device());
+    launch_argsort(a.dtype(), a.size(0), a.size(1), descending, a.data_ptr(), static_cast<int64_t*>(out.data_ptr()),
+                   scratch.data_ptr(), bytes, stream_of(a));
+  }
+  void bincount(const Tensor& ids, Tensor& counts) override {
+    launch_bincount(ids.dtype(), ids.numel(), ids.data_ptr(), counts.numel(), static_cast<int64_t*>(counts.data_ptr()),
+                    stream_of(ids));
   }
   void cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Tensor& losses) override {
     check_indices_on_host(targets, logits.size(1), &ignore_index, "cross_entropy", "target");

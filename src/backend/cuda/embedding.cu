@@ -9,13 +9,13 @@
 // rows in double, position by position as the CPU does, and adds the total to the
 // table's row once. A run is walked by one block, so a very frequent id (padding)
 // makes that block long: acceptable for token batches, a segmented split would fix it.
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/embedding.h"
+#include "backend/cuda/pair_sort.cuh"
 #include "backend/cuda/row_kernels.cuh"
 
 namespace dtensor::backend::cuda {
@@ -73,37 +73,6 @@ __global__ void embedding_backward_kernel(EmbeddingShape shape, const typename E
   }
 }
 
-// The sort only needs the bits of keys up to V.
-int key_bits(int64_t rows) {
-  int bits = 1;
-  while (bits < 64 && (uint64_t{1} << bits) <= static_cast<uint64_t>(rows)) ++bits;
-  return bits;
-}
-
-size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// The scratch: keys in/out, positions in/out, then CUB's temporary storage.
-struct ScratchLayout {
-  size_t keys_in = 0, keys_out = 0, positions_in = 0, positions_out = 0, cub = 0, cub_bytes = 0, total = 0;
-};
-
-ScratchLayout scratch_layout(const EmbeddingShape& shape) {
-  ScratchLayout s;
-  const size_t array = align_up(static_cast<size_t>(shape.ids) * 8);
-  s.keys_in = 0;
-  s.keys_out = array;
-  s.positions_in = 2 * array;
-  s.positions_out = 3 * array;
-  s.cub = 4 * array;
-  // A size query: no device work.
-  check(cub::DeviceRadixSort::SortPairs(nullptr, s.cub_bytes, static_cast<const uint64_t*>(nullptr),
-                                        static_cast<uint64_t*>(nullptr), static_cast<const int64_t*>(nullptr),
-                                        static_cast<int64_t*>(nullptr), shape.ids, 0, key_bits(shape.rows)),
-        "cub::DeviceRadixSort::SortPairs");
-  s.total = s.cub + align_up(s.cub_bytes);
-  return s;
-}
-
 }  // namespace
 
 void launch_embedding(size_t element_size, DType id_dtype, const EmbeddingShape& shape, const void* table,
@@ -129,36 +98,32 @@ void launch_embedding(size_t element_size, DType id_dtype, const EmbeddingShape&
 }
 
 size_t embedding_backward_scratch_bytes(const EmbeddingShape& shape) {
-  return shape.ids == 0 ? 0 : scratch_layout(shape).total;
+  return shape.ids == 0 ? 0 : PairSortScratch(shape.ids, {key_bits(shape.rows)}).total;
 }
 
 void launch_embedding_backward(DType dtype, DType id_dtype, const EmbeddingShape& shape, const void* grad_out,
                                int64_t grad_row_stride, int64_t grad_col_stride, const void* ids, void* grad_table,
                                void* scratch, size_t scratch_bytes, void* stream) {
   if (shape.ids == 0 || shape.width == 0) return;
-  const ScratchLayout layout = scratch_layout(shape);
+  const PairSortScratch layout(shape.ids, {key_bits(shape.rows)});
   if (scratch_bytes < layout.total) throw std::logic_error("[embedding_backward] scratch too small");
-  auto* base = static_cast<char*>(scratch);
-  auto* keys_in = reinterpret_cast<uint64_t*>(base + layout.keys_in);
-  auto* keys_out = reinterpret_cast<uint64_t*>(base + layout.keys_out);
-  auto* positions_in = reinterpret_cast<int64_t*>(base + layout.positions_in);
-  auto* positions_out = reinterpret_cast<int64_t*>(base + layout.positions_out);
+  const PairSortBuffers b(scratch, layout);
   const auto s = static_cast<cudaStream_t>(stream);
   rows::visit_index(id_dtype, [&](auto index) {
     using I = decltype(index);
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((shape.ids + 255) / 256, kMaxBlocks));
-    sort_keys_kernel<I><<<blocks, 256, 0, s>>>(shape, static_cast<const I*>(ids), keys_in, positions_in);
+    sort_keys_kernel<I><<<blocks, 256, 0, s>>>(shape, static_cast<const I*>(ids), b.keys_in, b.positions_in);
   });
   check(cudaGetLastError(), "embedding_backward key kernel launch");
   size_t cub_bytes = layout.cub_bytes;
-  check(cub::DeviceRadixSort::SortPairs(base + layout.cub, cub_bytes, keys_in, keys_out, positions_in, positions_out,
+  check(cub::DeviceRadixSort::SortPairs(b.cub, cub_bytes, b.keys_in, b.keys_out, b.positions_in, b.positions_out,
                                         shape.ids, 0, key_bits(shape.rows), s),
         "cub::DeviceRadixSort::SortPairs");
   rows::visit_float(dtype, "embedding_backward", [&](auto e) {
     using E = decltype(e);
     embedding_backward_kernel<E><<<static_cast<unsigned>(std::min(shape.ids, kMaxBlocks)), kThreads, 0, s>>>(
-        shape, static_cast<const typename E::S*>(grad_out), grad_row_stride, grad_col_stride, keys_out,
-        positions_out, static_cast<typename E::S*>(grad_table));
+        shape, static_cast<const typename E::S*>(grad_out), grad_row_stride, grad_col_stride, b.keys_out,
+        b.positions_out, static_cast<typename E::S*>(grad_table));
   });
   check(cudaGetLastError(), "embedding_backward kernel launch");
 }
