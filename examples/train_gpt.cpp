@@ -7,6 +7,7 @@
 //   ./build/examples/train_gpt --mesh dp=4 --fsdp 3              # ZeRO-3 (FSDP)
 //   ./build/examples/train_gpt --mesh dp=2,tp=2 --fsdp 3         # FSDP over tensor parallel
 //   ./build/examples/train_gpt --mesh replicate=2,dp=2 --fsdp 3 --hsdp
+//   ./build/examples/train_gpt --mesh dp=2 --fsdp 3 --offload     # ZeRO-Offload
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
 //   ./build/examples/train_gpt --mesh pp=2 --save gpt.dtstate && ./build/examples/generate --load gpt.dtstate
 //   ./build/examples/train_gpt --mesh dp=2 --steps 12 --save-dir ckpt --save-every 6
@@ -70,7 +71,7 @@ struct Settings {
   int64_t save_every = 0, keep = 0;
   bool async_save = false;
   int64_t fsdp = 0;
-  bool hsdp = false;
+  bool hsdp = false, offload = false;
   bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
@@ -146,6 +147,11 @@ Settings read_settings(const TrainConfig& o) {
   const auto has = [&](const char* name) { return std::count(s.mesh.names.begin(), s.mesh.names.end(), name) > 0; };
   s.fsdp = o.fsdp;
   s.hsdp = o.hsdp;
+  s.offload = o.offload;
+  if (s.offload && s.fsdp < 2) {
+    throw std::invalid_argument("--offload needs --fsdp 2 or 3 (the optimizer steps on the host shards), got --fsdp " +
+                                std::to_string(s.fsdp));
+  }
   if (s.fsdp < 0 || s.fsdp > 3)
     throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
   if (s.fsdp > 0 && !has("dp")) {
@@ -367,6 +373,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       {.tp = {.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel},
        .fsdp = static_cast<int>(s.fsdp),
        .hsdp = s.hsdp,
+       .offload = s.offload,
        .fsdp_param_dtype = compute,  // 16-bit compute: gather in it, reduce in F32
        .bucket_mb = s.bucket_mb,
        .pipeline = {.schedule = s.schedule ? s.schedule->kind : parallel::ScheduleKind::OneFOneB,

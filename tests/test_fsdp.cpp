@@ -4,6 +4,7 @@
 #include "dtensor/parallel/fsdp.h"
 
 #include <cmath>
+#include <set>
 
 #include "dtensor/data.h"
 #include "dtensor/models/gpt.h"
@@ -117,6 +118,7 @@ struct Setup {
 struct TrainRun : dtensor::testing::TrainingRun {
   parallel::FSDPStats stats;
   std::map<std::string, std::string> placements;  // of rank 0's parameters
+  std::set<std::string> param_devices;            // where the optimizer's parameters live
 };
 
 // Megatron layouts by hand (the tensor-parallel module comes with its own issue):
@@ -194,7 +196,10 @@ TrainRun train(const Setup& s) {
       result.losses = losses;
       result.params = params;
       if (root) result.stats = root->stats();
-      for (auto& [name, p] : model.named_parameters()) result.placements[name] = placements_to_string(p.placements());
+      for (auto& [name, p] : model.named_parameters()) {
+        result.placements[name] = placements_to_string(p.placements());
+        result.param_devices.insert(p.device().to_string());
+      }
     }
   });
   return result;
@@ -263,6 +268,36 @@ TEST(Fsdp, ReshardAfterForwardOffAndPrefetchOffMatchOneRank) {
   const TrainRun prefetched = train({.world = 2, .fsdp = stage(3)});
   EXPECT_GT(prefetched.stats.prefetched_all_gathers, 0);
   EXPECT_EQ(prefetched.stats.all_gathers, plain.stats.all_gathers);
+}
+
+// ZeRO-Offload on the CPU: the shards, their gradients and AdamW's state on cpu:1
+// (the host stand-in), the device copies on cpu:0. The same arithmetic as plain FSDP,
+// so the same losses step for step, at both stages, in FP32 and in mixed precision,
+// with accumulation and clipping.
+TEST(FsdpOffload, TrainsStepForStepAsPlainFsdp) {
+  const parallel::MixedPrecisionPolicy bf16{.param_dtype = DType::BF16, .reduce_dtype = DType::BF16};
+  for (int s : {2, 3}) {
+    for (const bool mixed : {false, true}) {
+      parallel::FSDPOptions plain = stage(s);
+      if (mixed) plain.mixed_precision = bf16;
+      parallel::FSDPOptions offload = plain;
+      offload.offload = parallel::OffloadPolicy{};
+      const std::string what = "offload stage " + std::to_string(s) + (mixed ? " BF16" : " F32");
+      const TrainRun want = train({.world = 2, .fsdp = plain, .accum = 2, .clip = 0.5});
+      const TrainRun got = train({.world = 2, .fsdp = offload, .accum = 2, .clip = 0.5});
+      ASSERT_EQ(got.losses.size(), want.losses.size());
+      for (size_t i = 0; i < want.losses.size(); ++i) {
+        EXPECT_NEAR(got.losses[i], want.losses[i], 1e-6 * std::abs(want.losses[i])) << what << " step " << i;
+      }
+      dtensor::testing::expect_equivalent(got, want, what);
+      EXPECT_EQ(got.param_devices, (std::set<std::string>{"cpu:1"})) << what;
+      EXPECT_EQ(want.param_devices, (std::set<std::string>{"cpu"})) << what;
+    }
+  }
+  // And against one rank, as every FSDP layout.
+  parallel::FSDPOptions offload = stage(3);
+  offload.offload = parallel::OffloadPolicy{};
+  dtensor::testing::expect_equivalent(train({.world = 2, .fsdp = offload}), one_rank(), "offload stage 3 DP=2");
 }
 
 TEST(Fsdp, ClippingAndGradientAccumulationMatchOneRank) {
@@ -432,13 +467,13 @@ StepComm step_comm(int world, std::optional<int> fsdp_stage, int accum, Make mak
     });
     mine.backward_all_gathers = all.count("all_gather", dp) - mine.forward_all_gathers;
     mine.reduce_scatters = all.count("reduce_scatter", dp);
-    // The step's report all-reduces the F64 loss and all-gathers the I64 peak memory
-    // (8 bytes each): not gradient traffic.
+    // The step's report all-reduces the F64 loss (8 bytes) and all-gathers the I64 peak
+    // memory of cpu and cpu:1 (16 bytes): not gradient traffic.
     mine.all_reduces = all.count("all_reduce", dp) - 1;
     const double n = world;
     // Input bytes -> bytes the algorithm sends per rank: all-gather (n-1) x input,
     // reduce-scatter (n-1)/n x input, all-reduce 2 (n-1)/n x input.
-    mine.moved_bytes = (n - 1) * (all.bytes("all_gather") - 8) + (n - 1) / n * all.bytes("reduce_scatter") +
+    mine.moved_bytes = (n - 1) * (all.bytes("all_gather") - 16) + (n - 1) / n * all.bytes("reduce_scatter") +
                        2 * (n - 1) / n * (all.bytes("all_reduce") - 8);
     mine.param_bytes = model->num_parameters() * 4;
     if (g.rank() == 0) out = mine;
@@ -509,8 +544,9 @@ TEST(FsdpComm, DdpMovesTwiceAndZeroThreeThriceTheParameterBytes) {
 // ---- memory ---------------------------------------------------------------------------
 
 // Bytes per rank held after an optimizer step (parameters, gradients, optimizer state)
-// with mixed-precision AdamW: BF16 compute and reduction, FP32 shards.
-double resident_bytes(int world, int s, int64_t* params_out) {
+// with mixed-precision AdamW: BF16 compute and reduction, FP32 shards; with `offload`
+// those on the device (cpu:0) and, in *host_out, those on the host (cpu:1).
+double resident_bytes(int world, int s, int64_t* params_out, bool offload = false, double* host_out = nullptr) {
   double bytes = 0;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, {world}, {"dp"});
@@ -521,11 +557,12 @@ double resident_bytes(int world, int s, int64_t* params_out) {
     c.heads = 4;
     c.dim = 64;
     c.bias = false;
-    const int64_t before = memory_stats().live_bytes;
-    int64_t measured = 0;
+    const int64_t before = memory_stats().live_bytes, host_before = memory_stats(Device::cpu(1)).live_bytes;
+    int64_t measured = 0, host = 0;
     {
       models::GPT model(mesh, c, 1);
       parallel::FSDPOptions o{.stage = s, .mixed_precision = {.param_dtype = DType::BF16, .reduce_dtype = DType::BF16}};
+      if (offload) o.offload = parallel::OffloadPolicy{};
       for (auto& [name, m] : model.named_modules()) {
         if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, o);
       }
@@ -539,9 +576,13 @@ double resident_bytes(int world, int s, int64_t* params_out) {
           .backward();
       optimizer.step();
       measured = memory_stats().live_bytes - before;
+      host = memory_stats(Device::cpu(1)).live_bytes - host_before;
       if (g.rank() == 0) *params_out = model.num_parameters();
     }
-    if (g.rank() == 0) bytes = static_cast<double>(measured);
+    if (g.rank() == 0) {
+      bytes = static_cast<double>(measured);
+      if (host_out) *host_out = static_cast<double>(host);
+    }
   });
   return bytes;
 }
@@ -557,6 +598,25 @@ TEST(FsdpMemory, ResidentBytesMatchTheZeroFormulasWithinTenPercent) {
       EXPECT_NEAR(measured / formula, 1.0, 0.02)
           << "stage " << s << " N=" << n << ": measured " << measured << " bytes, ZeRO formula " << formula
           << " (P = " << p << ")";
+    }
+  }
+}
+
+// ZeRO-Offload's arithmetic in BF16 training: the device keeps its shard in BF16
+// (2P/N; stage 2 keeps the gathered BF16 parameters instead, 2P), the host the FP32
+// master, AdamW's two moments and the BF16 gradient (14P/N).
+TEST(FsdpMemory, OffloadSplitsTheStateBetweenDeviceAndHostAsZeroOffload) {
+  for (int n : {2, 4}) {
+    for (int s : {2, 3}) {
+      int64_t p = 0;
+      double host = 0;
+      const double device = resident_bytes(n, s, &p, true, &host);
+      const double P = static_cast<double>(p), N = n;
+      const double device_formula = s == 2 ? 2 * P : 2 * P / N, host_formula = 14 * P / N;
+      const std::string what = "stage " + std::to_string(s) + " N=" + std::to_string(n);
+      EXPECT_NEAR(device / device_formula, 1.0, 0.02)
+          << what << ": device " << device << " bytes, formula " << device_formula;
+      EXPECT_NEAR(host / host_formula, 1.0, 0.02) << what << ": host " << host << " bytes, formula " << host_formula;
     }
   }
 }
@@ -605,6 +665,10 @@ TEST(FsdpErrors, BadInputIsAClearErrorNamingTheModuleAndOption) {
                      "option shard_dim 'fsdp' is not a dim of mesh dp=2");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 2, .reshard_after_forward = true}),
                      std::invalid_argument, "option reshard_after_forward needs stage 3");
+    EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 1, .offload = parallel::OffloadPolicy{}}),
+                     std::invalid_argument, "option offload needs stage 2 or 3");
+    EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.offload = parallel::OffloadPolicy{.host = Device::cpu()}}),
+                     std::invalid_argument, "option offload's host is cpu, the device the parameters compute on");
     parallel::fully_shard(block, mesh);
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh), std::invalid_argument,
                      "fully_shard was already applied to this module");

@@ -139,6 +139,29 @@ TEST(Tensor, MemoryCountersTrackLiveAndPeakPerThread) {
   EXPECT_EQ(counters->cpu->stats().peak_bytes, 1024);
 }
 
+// cpu:1 (the host side of offloading without a GPU): the same memory, its own counter,
+// copies to and from cpu, and no op mixing the two.
+TEST(Tensor, TheSecondCpuDeviceCountsApartAndCopiesExplicitly) {
+  const MemoryStats before = memory_stats(), host_before = memory_stats(Device::cpu(1));
+  {
+    const Tensor a = Tensor::arange(256, DType::F32, Device::cpu(1));  // 1 KiB
+    EXPECT_EQ(a.device().to_string(), "cpu:1");
+    EXPECT_EQ(memory_stats(Device::cpu(1)).live_bytes - host_before.live_bytes, 1024);
+    EXPECT_EQ(memory_stats().live_bytes, before.live_bytes);
+    const Tensor b = a.to(Device::cpu());
+    EXPECT_EQ(b.device(), Device::cpu());
+    EXPECT_EQ(b.to_vector<float>(), Tensor::arange(256, DType::F32).to_vector<float>());
+    EXPECT_EQ(add(a, a).device(), Device::cpu(1));
+    EXPECT_THROW_MSG(add(a, b), std::invalid_argument, "devices differ");
+    Tensor back = Tensor::zeros({256}, DType::BF16, Device::cpu(1));
+    back.copy_(b);  // across the devices, with a cast
+    EXPECT_EQ(back.to(DType::F32).to(Device::cpu()).to_vector<float>(), b.to_vector<float>());
+  }
+  EXPECT_EQ(memory_stats(Device::cpu(1)).live_bytes, host_before.live_bytes);
+  EXPECT_THROW_MSG(Tensor::zeros({2}, DType::F32, Device::cpu(2)), std::invalid_argument,
+                   "no device cpu:2: the CPU devices are cpu (cpu:0) and cpu:1");
+}
+
 TEST(Tensor, CudaDevicesFailClearlyOrWork) {
   if (!cuda_is_available()) {
     EXPECT_EQ(cuda_device_count(), 0);

@@ -66,6 +66,9 @@ const std::vector<TrainKey>& train_keys() {
       {"bucket-mb", &C::bucket_mb, "DDP gradient bucket size in MiB"},
       {"fsdp", &C::fsdp, "0: DDP on dp; 1, 2, 3: FSDP with that ZeRO stage, sharded over the mesh dim dp"},
       {"hsdp", &C::hsdp, "hybrid sharding: FSDP within dp, replicas across the mesh dim 'replicate'"},
+      {"offload", &C::offload,
+       "with --fsdp 2|3: ZeRO-Offload, the master weights, gradients and optimizer state on the host (cpu:1 "
+       "without a GPU)"},
       {"seed", &C::seed, "seed of the model, the data order and dropout"},
       {"trace", &C::trace, "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", &C::trace_steps, "FIRST:COUNT of the steps to trace"},

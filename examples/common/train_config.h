@@ -56,6 +56,7 @@ struct TrainConfig {
   double bucket_mb = 25;
   int64_t fsdp = 0;
   bool hsdp = false;
+  bool offload = false;
   int64_t seed = 1234;
   std::string trace;
   std::string trace_steps = "2:2";

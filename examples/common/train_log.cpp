@@ -48,6 +48,12 @@ std::string TrainLog::format_line(const StepStats& s) const {
       os << (r ? ", r" : " r") << r << " " << format_bytes(s.peak_memory_bytes[r]);
     }
   }
+  if (!s.peak_host_memory_bytes.empty()) {
+    os << " | host";
+    for (size_t r = 0; r < s.peak_host_memory_bytes.size(); ++r) {
+      os << (r ? ", r" : " r") << r << " " << format_bytes(s.peak_host_memory_bytes[r]);
+    }
+  }
   return os.str();
 }
 
@@ -86,14 +92,16 @@ std::string TrainLog::summary() const {
      << printf_string("%.4f", history_.front().loss) << " -> " << printf_string("%.4f", history_.back().loss)
      << " (best " << printf_string("%.4f", history_[best].loss) << " at step " << history_[best].step + 1 << ") | "
      << format_count(seconds > 0 ? static_cast<double>(tokens) / seconds : NAN) << " tok/s";
-  // Peak memory per rank over the whole run.
-  std::vector<int64_t> peaks;
-  for (const StepStats& s : history_) {
-    if (peaks.size() < s.peak_memory_bytes.size()) peaks.resize(s.peak_memory_bytes.size(), 0);
-    for (size_t r = 0; r < s.peak_memory_bytes.size(); ++r) peaks[r] = std::max(peaks[r], s.peak_memory_bytes[r]);
-  }
-  if (!peaks.empty()) {
-    os << " | peak mem";
+  // Peak memory per rank over the whole run (and on the host side of offloading).
+  for (const bool host : {false, true}) {
+    std::vector<int64_t> peaks;
+    for (const StepStats& s : history_) {
+      const std::vector<int64_t>& step = host ? s.peak_host_memory_bytes : s.peak_memory_bytes;
+      if (peaks.size() < step.size()) peaks.resize(step.size(), 0);
+      for (size_t r = 0; r < step.size(); ++r) peaks[r] = std::max(peaks[r], step[r]);
+    }
+    if (peaks.empty()) continue;
+    os << (host ? " | host" : " | peak mem");
     for (size_t r = 0; r < peaks.size(); ++r) os << (r ? ", r" : " r") << r << " " << format_bytes(peaks[r]);
   }
   return os.str();

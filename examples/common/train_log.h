@@ -7,7 +7,8 @@
 //   log.write_loss_curve("loss.csv");          // loss.csv and loss.svg
 //
 // One line per step: "step   12/200 | loss 3.4521 | lr 3.00e-04 | 45.2k tok/s |
-// 123.4 ms | peak mem r0 12.3 MiB, r1 12.3 MiB". On a terminal it redraws in place
+// 123.4 ms | peak mem r0 12.3 MiB, r1 12.3 MiB" (then "| host r0 ..." where ranks hold
+// memory on cpu:1, the host side of offloading). On a terminal it redraws in place
 // ('\r' and the ANSI erase-line sequence); into a pipe or file every line stays.
 #pragma once
 

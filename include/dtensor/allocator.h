@@ -50,6 +50,7 @@ void release_cached_memory();
 // A set of counters (one per device kind) for one rank.
 struct RankMemoryCounters {
   std::shared_ptr<MemoryCounter> cpu = std::make_shared<MemoryCounter>();
+  std::shared_ptr<MemoryCounter> cpu_host = std::make_shared<MemoryCounter>();  // cpu:1 (device.h)
   std::shared_ptr<MemoryCounter> cuda = std::make_shared<MemoryCounter>();
 };
 

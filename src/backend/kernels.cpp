@@ -11,7 +11,10 @@
 
 namespace dtensor {
 
-std::string Device::to_string() const { return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index); }
+std::string Device::to_string() const {
+  if (is_cpu()) return index == 0 ? std::string("cpu") : "cpu:" + std::to_string(index);
+  return "cuda:" + std::to_string(index);
+}
 int cuda_device_count() { return backend::cuda::device_count(); }
 bool cuda_is_available() { return cuda_device_count() > 0; }
 

@@ -69,6 +69,7 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   DT_CHECK_ARG(!options_.hsdp || (options_.fsdp > 0 && has_dim(mesh, "replicate")), kOp,
                "HSDP needs fsdp > 0 and a mesh dim named 'replicate'; got fsdp ", options_.fsdp, " on mesh ",
                mesh.to_string());
+  DT_CHECK_ARG(!options_.offload || options_.fsdp >= 2, kOp, "offload needs fsdp 2 or 3, got fsdp ", options_.fsdp);
   DT_CHECK_ARG(options_.hsdp || !has_dim(mesh, "replicate"), kOp, "mesh ", mesh.to_string(),
                " has a 'replicate' dim, which only HSDP uses (fsdp > 0 and hsdp = true); name it 'dp' for DDP");
   const bool tp = has_dim(mesh, "tp");
@@ -133,6 +134,7 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     if (options_.fsdp_param_dtype) {
       fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
     }
+    if (options_.offload) fsdp.offload = parallel::OffloadPolicy{};
     // With ep, each MoE its own unit first: its experts are sharded over ep (no replicas
     // there), and its router's gradient, left Partial over ep, is reduced by the
     // optimizer (as any gradient Partial over a dim FSDP does not own).
@@ -186,6 +188,7 @@ std::string ParallelGPT::describe() const {
   std::string out = options_.fsdp > 0 ? (options_.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(options_.fsdp)
                     : !ddps_.empty()  ? "DDP"
                                       : "no data parallelism";
+  if (options_.offload) out += " with offload";
   if (ep_) out += ", expert parallel over ep";
   if (cp_) {
     out += std::string(", context parallel over ") + options_.context.mesh_dim +

@@ -70,6 +70,16 @@ int inner_order(const Placements& placements, int shard_dim) {
   return other ? order + 1 : 0;
 }
 
+// The host side of offloading parameters that compute on `device`.
+Device offload_host(const OffloadPolicy& policy, Device device, const std::string& label) {
+  const Device host = policy.host.value_or(device.is_cuda() ? Device::cpu() : Device::cpu(1));
+  DT_CHECK_ARG(host.is_cpu() && host.index >= 0 && host.index < Device::kCpuDevices, kOp, label,
+               ": option offload's host must be cpu or cpu:1, got ", host.to_string());
+  DT_CHECK_ARG(host != device, kOp, label, ": option offload's host is ", host.to_string(),
+               ", the device the parameters compute on (the host stand-in for CPU parameters is cpu:1)");
+  return host;
+}
+
 }  // namespace
 
 FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOptions& options) {
@@ -111,6 +121,9 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
   DT_CHECK_ARG(mesh.defined() && mesh.is_member(), kOp, label, ": expected a mesh this rank belongs to");
   DT_CHECK_ARG(options.stage == 3 || !options.reshard_after_forward.value_or(false), kOp, label,
                ": option reshard_after_forward needs stage 3 (stages 1 and 2 keep the gathered parameters), got stage ",
+               options.stage);
+  DT_CHECK_ARG(!options.offload || options.stage >= 2, kOp, label,
+               ": option offload needs stage 2 or 3 (stage 1 keeps a full gradient buffer on the device), got stage ",
                options.stage);
   for (const std::optional<DType>& d : {options.mixed_precision.param_dtype, options.mixed_precision.reduce_dtype}) {
     DT_CHECK_ARG(!d || is_floating(*d), kOp, label, ": mixed precision dtypes must be floating, got ", dtype_name(*d));
@@ -185,8 +198,10 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
                    " (move the model with Module::to first)");
     }
     b.layout = FlatLayout(shapes, g.ranks, g.rank);
-    // The shards live where the parameters do (one device per bucket).
-    b.shard = Tensor::empty({b.layout.region_numel()}, dtype, locals.empty() ? Device::cpu() : locals[0].device());
+    // The shards live where the parameters do (one device per bucket), or on the host.
+    b.device = locals.empty() ? Device::cpu() : locals[0].device();
+    b.shard = Tensor::empty({b.layout.region_numel()}, dtype,
+                            options.offload ? offload_host(*options.offload, b.device, label) : b.device);
     b.layout.scatter_into_region(locals, b.shard);
     b.grad_placements.resize(b.members.size());
     b.has_grad.assign(b.members.size(), false);

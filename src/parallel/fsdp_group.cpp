@@ -47,7 +47,8 @@ void record_order(std::vector<ParamGroup*>& order, ParamGroup* group) {
 // Puts the reduced region of a finished reduction on the parameters as their
 // gradients (accumulated into those already there).
 void assign_gradients(ParamGroup& g, ParamGroup::Bucket& b, const Tensor& out) {
-  Tensor region = out;
+  // Offloaded: the reduced shard goes to the host, where the optimizer steps.
+  Tensor region = g.offloaded() ? out.to(b.shard.device()) : out;
   if (g.options.stage == 1) {
     // Stage 1 keeps the full gradient buffer: the shard lives in this rank's part of it.
     region = b.grad_full.narrow(0, g.rank * b.layout.region_numel(), b.layout.region_numel());
@@ -185,7 +186,7 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
     if (!any) continue;
     TraceSpan span("fsdp_pack_gradients", "compute");
     if (!b.grad_full.defined()) {
-      b.grad_full = Tensor::empty({g.ranks * b.layout.region_numel()}, b.reduce_dtype, b.shard.device());
+      b.grad_full = Tensor::empty({g.ranks * b.layout.region_numel()}, b.reduce_dtype, b.device);
       b.layout.zero_padding(b.grad_full);
     } else if (!b.grad_holds_sum) {
       // Stage 1 hands out views of its kept buffer; a gradient still holding one (no
@@ -215,8 +216,7 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
     if (!launched) progress_reductions(ctx, false);
     launched = true;
     TraceSpan launch("fsdp_reduce_scatter", "comm");
-    Context::Reduction r{gp, bi, Tensor::empty({b.layout.region_numel()}, b.reduce_dtype, b.shard.device()), Work(),
-                         false};
+    Context::Reduction r{gp, bi, Tensor::empty({b.layout.region_numel()}, b.reduce_dtype, b.device), Work(), false};
     r.work = reduce_scatter_async(g.shard_group(), b.grad_full, r.out, ReduceOp::Sum);
     ++ctx.stats.reduce_scatters;
     ctx.reductions.push_back(std::move(r));
@@ -310,24 +310,29 @@ void ParamGroup::start_gather(bool prefetch) {
   TraceSpan span("fsdp_all_gather", "comm");
   for (Bucket& b : buckets) {
     if (!b.unsharded.defined()) {
-      b.unsharded = Tensor::empty({b.layout.unsharded_numel()}, b.param_dtype, b.shard.device());
+      b.unsharded = Tensor::empty({b.layout.unsharded_numel()}, b.param_dtype, b.device);
     } else {
       b.unsharded.storage()->restore_memory();
     }
     Tensor send = b.shard;
-    if (b.param_dtype != b.dtype) {
+    if (b.param_dtype != b.dtype || offloaded()) {
       if (options.stage == 3) {
-        // Kept: forward and backward gather the same cast (refreshed after each step).
-        if (!b.send.defined()) b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.shard.device());
-        if (b.send_stale) b.send.copy_(b.shard);
+        // Kept: forward and backward gather the same cast (refreshed after each step;
+        // offloaded, this is the host-to-device copy of the updated shard).
+        if (!b.send.defined()) b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.device);
+        if (b.send_stale) {
+          TraceSpan copy("fsdp_shard_to_device", "comm");
+          b.send.copy_(b.shard);
+        }
         send = b.send;
       } else {
-        b.send = b.shard.to(b.param_dtype);  // dropped when the gather finishes
+        // Dropped when the gather finishes.
+        b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.device).copy_(b.shard);
         send = b.send;
       }
       b.send_stale = false;
     }
-    b.gathered = Tensor::empty({ranks * b.layout.region_numel()}, b.param_dtype, b.shard.device());
+    b.gathered = Tensor::empty({ranks * b.layout.region_numel()}, b.param_dtype, b.device);
     b.gather = all_gather_async(shard_group(), send, b.gathered, 0);
     Context& ctx = *context;
     ++ctx.stats.all_gathers;

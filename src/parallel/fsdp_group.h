@@ -40,10 +40,11 @@ struct FSDPModule::ParamGroup {
   struct Bucket {
     DType dtype = DType::F32;  // of the shards
     DType param_dtype = DType::F32, reduce_dtype = DType::F32;
+    Device device;  // where forward and backward compute (the parameters' device)
     detail::FlatLayout layout;
     std::vector<size_t> members;  // indices into params, in slot order
-    Tensor shard;                 // [R] the shards (the leaves view it)
-    Tensor send;                  // [R] the shards in param_dtype (stage 3 with a cast)
+    Tensor shard;                 // [R] the shards (the leaves view it), on the host when offloaded
+    Tensor send;                  // [R] the shards in param_dtype on `device` (stage 3 with a cast or offload)
     bool send_stale = true;
     Tensor unsharded;  // [U] gathered parameters (memory released when resharded at stage 3)
     Tensor gathered;   // [N * R] all-gather output in flight
@@ -54,6 +55,7 @@ struct FSDPModule::ParamGroup {
     std::vector<bool> has_grad;               // per member: a gradient arrived since the last reduction
   };
   std::vector<Bucket> buckets;
+  bool offloaded() const { return options.offload.has_value(); }
 
   enum class State { Sharded, Gathering, Unsharded };
   State state = State::Sharded;

@@ -12,6 +12,28 @@
 #include "util/check.h"
 
 namespace dtensor::parallel {
+namespace {
+
+void reset_peaks() {
+  reset_peak_memory();
+  reset_peak_memory(Device::cpu(1));
+}
+
+// Every rank's peaks since reset_peaks, on the CPU and on cpu:1 (one all-gather).
+void gather_peaks(const Group& group, StepStats& stats) {
+  const std::vector<int64_t> mine = {memory_stats().peak_bytes, memory_stats(Device::cpu(1)).peak_bytes};
+  const std::vector<int64_t> all =
+      all_gather(group, Tensor::from_vector(mine, {1, 2})).contiguous().to_vector<int64_t>();
+  bool host = false;
+  for (size_t r = 0; r < all.size() / 2; ++r) {
+    stats.peak_memory_bytes.push_back(all[2 * r]);
+    stats.peak_host_memory_bytes.push_back(all[2 * r + 1]);
+    host |= all[2 * r + 1] > 0;
+  }
+  if (!host) stats.peak_host_memory_bytes.clear();
+}
+
+}  // namespace
 
 Trainer::Trainer(Optimizer& optimizer, TrainerOptions options) : optimizer_(optimizer), options_(options) {
   DT_CHECK_ARG(options_.grad_accum >= 1, "Trainer", "expected grad_accum >= 1, got ", options_.grad_accum);
@@ -28,7 +50,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     TraceSpan step_span("step", "train");
-    reset_peak_memory();
+    reset_peaks();
     report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
     const int64_t accum = options_.grad_accum;
     for (int64_t micro = 0; micro < accum; ++micro) {
@@ -59,9 +81,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   report.stats.loss = step_loss.full_tensor().item<double>();
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;
-  const Tensor peaks = all_gather(optimizer_.params().front().mesh().group(),
-                                  Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::I64));
-  report.stats.peak_memory_bytes = peaks.to_vector<int64_t>();
+  gather_peaks(optimizer_.params().front().mesh().group(), report.stats);
   Tracer::counter("loss", report.stats.loss);
   return report;
 }
@@ -75,7 +95,7 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     TraceSpan step_span("step", "train");
-    reset_peak_memory();
+    reset_peaks();
     report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
     // The pipeline weighs each micro-batch's auxiliary losses by its own weight on top.
     const nn::AuxLossScale aux_scale(scaler_ ? scaler_->scale_value() : 1.0);
@@ -86,9 +106,7 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
   report.stats.step = step;
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;
-  const Tensor peaks =
-      all_gather(runner.group(), Tensor::full({1}, static_cast<double>(memory_stats().peak_bytes), DType::I64));
-  report.stats.peak_memory_bytes = peaks.to_vector<int64_t>();
+  gather_peaks(runner.group(), report.stats);
   Tracer::counter("loss", report.stats.loss);
   return report;
 }

@@ -1,6 +1,9 @@
 // Storage and the per-rank memory counters.
 #include "dtensor/allocator.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "backend/cpu/block_cache.h"
 #include "backend/kernels.h"
 
@@ -17,7 +20,12 @@ thread_local std::shared_ptr<RankMemoryCounters> thread_counters;
 
 const std::shared_ptr<MemoryCounter>& counter_for(Device device) {
   const auto& counters = thread_counters ? thread_counters : process_counters();
-  return device.is_cuda() ? counters->cuda : counters->cpu;
+  if (device.is_cuda()) return counters->cuda;
+  if (device.index < 0 || device.index >= Device::kCpuDevices) {
+    throw std::invalid_argument("[memory] no device " + device.to_string() +
+                                ": the CPU devices are cpu (cpu:0) and cpu:1");
+  }
+  return device.index == 0 ? counters->cpu : counters->cpu_host;
 }
 
 }  // namespace

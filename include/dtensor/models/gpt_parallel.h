@@ -62,6 +62,8 @@ struct GPTParallelOptions {
   // own unit, the rest the root's).
   int fsdp = 0;
   bool hsdp = false;  // FSDP sharded over dp and replicated over "replicate"
+  // FSDP (stage 2 or 3) with the optimizer's side on the host (parallel::OffloadPolicy).
+  bool offload = false;
   // FSDP mixed precision: parameters gathered in this dtype, gradients reduced in F32.
   std::optional<DType> fsdp_param_dtype;
   // With a "cp" mesh dim: context parallelism. The sequence is sharded over cp in

@@ -48,6 +48,18 @@
 // Mixed precision: the shards keep their dtype (FP32: the master weights the optimizer
 // updates); parameters are gathered in param_dtype (so layers compute in it) and
 // gradients reduced and kept in reduce_dtype.
+//
+// Offload (ZeRO-Offload; FSDP2's CPUOffloadPolicy): with `offload` the shards the
+// optimizer updates (the FP32 master weights), their gradients and so the optimizer's
+// state live on the host (OffloadPolicy::host), and the optimizer steps there (the
+// CPU's fused AdamW). The device keeps one copy of each shard in param_dtype, which
+// the all-gathers read, refreshed from the host in the first gather after each
+// optimizer step (one module at a time, so the copies follow the prefetch). Gradients
+// are reduce-scattered on the device and each module's shard is copied to the host
+// when its reduction finishes, during backward. Per parameter and rank, in BF16
+// training (param_dtype and reduce_dtype BF16, FP32 master): 2P/N bytes on the device
+// plus the gathered working set, 14P/N on the host (FP32 master, exp_avg, exp_avg_sq,
+// BF16 gradient). Stages 2 and 3.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +79,13 @@ struct MixedPrecisionPolicy {
   std::optional<DType> reduce_dtype;  // gradient reduction and the sharded gradients; default: param_dtype
 };
 
+struct OffloadPolicy {
+  // Where the host side lives. Default: cpu for parameters on a GPU; cpu:1 (device.h:
+  // the host stand-in, counted apart) for parameters on the CPU, so that offloading on
+  // a machine without a GPU runs the same copies and keeps the two sides' bytes apart.
+  std::optional<Device> host;
+};
+
 struct FSDPOptions {
   int stage = 3;
   // Stage 3: free the gathered parameters after forward and gather them again in
@@ -78,6 +97,8 @@ struct FSDPOptions {
   std::string replicate_dim;     // HSDP: the mesh dim across replica groups ("": none)
   // Start the next module's all-gather while this one computes (forward and backward).
   bool prefetch = true;
+  // Optimizer state, master weights and gradients on the host (above); stages 2 and 3.
+  std::optional<OffloadPolicy> offload;
 };
 
 // Counters of one tree of FSDP modules (the root and the modules under it), since

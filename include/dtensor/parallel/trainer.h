@@ -43,6 +43,9 @@ struct StepStats {
   int64_t tokens = 0;                      // tokens processed by the whole job in this step
   double seconds = 0;                      // wall time of the step
   std::vector<int64_t> peak_memory_bytes;  // one per rank (may be empty)
+  // The same for cpu:1, the host side of offloading on a machine without a GPU
+  // (device.h); empty when no rank holds anything there.
+  std::vector<int64_t> peak_host_memory_bytes;
   std::optional<double> lr;                // shown when set
 };
 
