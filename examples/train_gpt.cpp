@@ -72,6 +72,7 @@ struct Settings {
   bool async_save = false;
   int64_t fsdp = 0;
   bool hsdp = false, offload = false;
+  double offload_fraction = 1.0;
   bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
@@ -148,6 +149,11 @@ Settings read_settings(const TrainConfig& o) {
   s.fsdp = o.fsdp;
   s.hsdp = o.hsdp;
   s.offload = o.offload;
+  s.offload_fraction = o.offload_fraction;
+  if (s.offload_fraction < 0 || s.offload_fraction > 1 || (!s.offload && s.offload_fraction != 1)) {
+    throw std::invalid_argument("--offload-fraction: expected a value in [0, 1] with --offload, got " +
+                                std::to_string(s.offload_fraction) + (s.offload ? "" : " without --offload"));
+  }
   if (s.offload && s.fsdp < 2) {
     throw std::invalid_argument("--offload needs --fsdp 2 or 3 (the optimizer steps on the host shards), got --fsdp " +
                                 std::to_string(s.fsdp));
@@ -374,6 +380,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
        .fsdp = static_cast<int>(s.fsdp),
        .hsdp = s.hsdp,
        .offload = s.offload,
+       .offload_fraction = s.offload_fraction,
        .fsdp_param_dtype = compute,  // 16-bit compute: gather in it, reduce in F32
        .bucket_mb = s.bucket_mb,
        .pipeline = {.schedule = s.schedule ? s.schedule->kind : parallel::ScheduleKind::OneFOneB,

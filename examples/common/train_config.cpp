@@ -69,6 +69,9 @@ const std::vector<TrainKey>& train_keys() {
       {"offload", &C::offload,
        "with --fsdp 2|3: ZeRO-Offload, the master weights, gradients and optimizer state on the host (cpu:1 "
        "without a GPU)"},
+      {"offload-fraction", &C::offload_fraction,
+       "with --offload: the share of the parameters offloaded, whole blocks from the first (Megatron's "
+       "offload fraction); the rest stays on the device"},
       {"seed", &C::seed, "seed of the model, the data order and dropout"},
       {"trace", &C::trace, "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", &C::trace_steps, "FIRST:COUNT of the steps to trace"},

@@ -57,6 +57,7 @@ struct TrainConfig {
   int64_t fsdp = 0;
   bool hsdp = false;
   bool offload = false;
+  double offload_fraction = 1.0;
   int64_t seed = 1234;
   std::string trace;
   std::string trace_steps = "2:2";

@@ -2,6 +2,8 @@
 #include "dtensor/models/gpt_parallel.h"
 
 #include <algorithm>
+#include <cmath>
+#include <set>
 
 #include "dtensor/nn/moe.h"
 #include "dtensor/parallel/context_parallel.h"
@@ -70,6 +72,8 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
                "HSDP needs fsdp > 0 and a mesh dim named 'replicate'; got fsdp ", options_.fsdp, " on mesh ",
                mesh.to_string());
   DT_CHECK_ARG(!options_.offload || options_.fsdp >= 2, kOp, "offload needs fsdp 2 or 3, got fsdp ", options_.fsdp);
+  DT_CHECK_ARG(options_.offload_fraction >= 0 && options_.offload_fraction <= 1, kOp,
+               "expected offload_fraction in [0, 1], got ", options_.offload_fraction);
   DT_CHECK_ARG(options_.hsdp || !has_dim(mesh, "replicate"), kOp, "mesh ", mesh.to_string(),
                " has a 'replicate' dim, which only HSDP uses (fsdp > 0 and hsdp = true); name it 'dp' for DDP");
   const bool tp = has_dim(mesh, "tp");
@@ -134,19 +138,38 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     if (options_.fsdp_param_dtype) {
       fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
     }
-    if (options_.offload) fsdp.offload = parallel::OffloadPolicy{};
+    // Offloaded blocks: all, or (offload_fraction) the first ones within the share.
+    std::set<const nn::Module*> offloaded;
+    if (options_.offload) {
+      const double share = options_.offload_fraction * static_cast<double>(module.num_parameters());
+      int64_t taken = 0;
+      for (auto& [_, m] : module.named_modules()) {
+        if (!dynamic_cast<nn::TransformerBlock*>(m)) continue;
+        if (static_cast<double>(taken + m->num_parameters()) > share) break;
+        taken += m->num_parameters();
+        offloaded.insert(m);
+      }
+    }
+    const auto options_for = [&](const nn::Module* block, const parallel::FSDPOptions& base) {
+      parallel::FSDPOptions o = base;
+      if (options_.offload && (!block || offloaded.count(block))) o.offload = parallel::OffloadPolicy{};
+      return o;
+    };
     // With ep, each MoE its own unit first: its experts are sharded over ep (no replicas
     // there), and its router's gradient, left Partial over ep, is reduced by the
-    // optimizer (as any gradient Partial over a dim FSDP does not own).
+    // optimizer (as any gradient Partial over a dim FSDP does not own). An MoE is
+    // offloaded with its block.
     parallel::FSDPOptions experts = fsdp;
     experts.replicate_dim = "";
     for (auto& [_, m] : module.named_modules()) {
-      if (ep_ && dynamic_cast<nn::MoE*>(m)) parallel::fully_shard(*m, mesh, experts);
+      if (ep_ && dynamic_cast<nn::MoE*>(m)) parallel::fully_shard(*m, mesh, options_for(m->parent(), experts));
     }
     for (auto& [_, m] : module.named_modules()) {
-      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, fsdp);
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options_for(m, fsdp));
     }
-    fsdps_.push_back(std::make_unique<parallel::FSDPModule>(parallel::fully_shard(module, mesh, fsdp)));
+    const bool root_offloaded = options_.offload && options_.offload_fraction >= 1;
+    fsdps_.push_back(std::make_unique<parallel::FSDPModule>(
+        parallel::fully_shard(module, mesh, options_for(root_offloaded ? nullptr : &module, fsdp))));
     syncs_.push_back(fsdps_.back().get());
   } else if (has_dim(mesh, "dp") || cp_ || ep_) {
     // Over dp, and over cp and ep too (one all-reduce; an expert weight, sharded over
@@ -188,7 +211,12 @@ std::string ParallelGPT::describe() const {
   std::string out = options_.fsdp > 0 ? (options_.hsdp ? "HSDP ZeRO-" : "FSDP ZeRO-") + std::to_string(options_.fsdp)
                     : !ddps_.empty()  ? "DDP"
                                       : "no data parallelism";
-  if (options_.offload) out += " with offload";
+  if (options_.offload) {
+    out += options_.offload_fraction >= 1
+               ? std::string(" with offload")
+               : " with offload of " + std::to_string(static_cast<int>(std::lround(options_.offload_fraction * 100))) +
+                     "% of the parameters";
+  }
   if (ep_) out += ", expert parallel over ep";
   if (cp_) {
     out += std::string(", context parallel over ") + options_.context.mesh_dim +

@@ -60,8 +60,8 @@ ScopedMemoryCounters::~ScopedMemoryCounters() { thread_counters = std::move(prev
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;  // empty tensors own no memory and are not counted
+  counter_ = counter_for(device);  // first: it throws for a device that does not exist
   data_ = backend::device_allocate(device, bytes);
-  counter_ = counter_for(device);
   counter_->add(static_cast<int64_t>(bytes));
 }
 
@@ -87,9 +87,9 @@ void Storage::release_memory() {
 
 void Storage::restore_memory() {
   if (holds_memory()) return;
-  data_ = backend::device_allocate(device_, bytes_);
   // Charged to the rank that restores it (the one that released it, in practice).
   counter_ = counter_for(device_);
+  data_ = backend::device_allocate(device_, bytes_);
   counter_->add(static_cast<int64_t>(bytes_));
 }
 

@@ -64,6 +64,11 @@ struct GPTParallelOptions {
   bool hsdp = false;  // FSDP sharded over dp and replicated over "replicate"
   // FSDP (stage 2 or 3) with the optimizer's side on the host (parallel::OffloadPolicy).
   bool offload = false;
+  // With offload: the share of the parameters offloaded (Megatron's optimizer offload
+  // fraction), at the granularity of FSDP units: blocks from the first while their
+  // parameters stay within the share, the root's own parameters only at 1. The rest
+  // keep their master weights and optimizer state on the device.
+  double offload_fraction = 1.0;
   // FSDP mixed precision: parameters gathered in this dtype, gradients reduced in F32.
   std::optional<DType> fsdp_param_dtype;
   // With a "cp" mesh dim: context parallelism. The sequence is sharded over cp in
