@@ -138,9 +138,11 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     if (options_.fsdp_param_dtype) {
       fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
     }
-    // Offloaded blocks: all, or (offload_fraction) the first ones within the share.
+    // Offloaded units: every block and the root, or (offload_fraction < 1) the first
+    // blocks within the share.
     std::set<const nn::Module*> offloaded;
     if (options_.offload) {
+      if (options_.offload_fraction >= 1) offloaded.insert(&module);
       const double share = options_.offload_fraction * static_cast<double>(module.num_parameters());
       int64_t taken = 0;
       for (auto& [_, m] : module.named_modules()) {
@@ -152,7 +154,7 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     }
     const auto options_for = [&](const nn::Module* block, const parallel::FSDPOptions& base) {
       parallel::FSDPOptions o = base;
-      if (options_.offload && (!block || offloaded.count(block))) o.offload = parallel::OffloadPolicy{};
+      if (offloaded.count(block)) o.offload = parallel::OffloadPolicy{};
       return o;
     };
     // With ep, each MoE its own unit first: its experts are sharded over ep (no replicas
@@ -167,9 +169,8 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     for (auto& [_, m] : module.named_modules()) {
       if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options_for(m, fsdp));
     }
-    const bool root_offloaded = options_.offload && options_.offload_fraction >= 1;
-    fsdps_.push_back(std::make_unique<parallel::FSDPModule>(
-        parallel::fully_shard(module, mesh, options_for(root_offloaded ? nullptr : &module, fsdp))));
+    fsdps_.push_back(
+        std::make_unique<parallel::FSDPModule>(parallel::fully_shard(module, mesh, options_for(&module, fsdp))));
     syncs_.push_back(fsdps_.back().get());
   } else if (has_dim(mesh, "dp") || cp_ || ep_) {
     // Over dp, and over cp and ep too (one all-reduce; an expert weight, sharded over

@@ -60,7 +60,8 @@ ScopedMemoryCounters::~ScopedMemoryCounters() { thread_counters = std::move(prev
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;  // empty tensors own no memory and are not counted
-  counter_ = counter_for(device);  // first: it throws for a device that does not exist
+  // First: it throws for a device that does not exist, before anything is allocated.
+  counter_ = counter_for(device);
   data_ = backend::device_allocate(device, bytes);
   counter_->add(static_cast<int64_t>(bytes));
 }
