@@ -5,12 +5,20 @@
 //   ./build/examples/train_gpt --mesh pp=2 --data notes.txt --save gpt.dtstate
 //   ./build/examples/generate --load gpt.dtstate --mesh pp=2 --samples 4 --microbatches 2 --prompt "The "
 //   ./build/examples/generate --load gpt.dtstate --mesh pp=2,tp=2 --check   # and compare with one rank
+//   ./build/examples/generate --load gpt.dtstate --mesh pp=1 --stream-weights --prefetch 1   # ZeRO-Inference
 //
 // Each new token is one forward-only pipeline step: the samples go through the stages
 // in micro-batches (stage 1 works on micro-batch 0 while stage 0 starts micro-batch 1),
 // the last stage samples the next token of every row from its logits, and the pp group
 // broadcasts them to the first stage for the next step. No KV cache: every step runs
 // the whole window (the last block_size tokens).
+//
+// --stream-weights keeps every transformer block's weights in host memory and copies
+// each to the device just before its forward, freeing it after (parallel::stream_weights,
+// DeepSpeed's ZeRO-Inference): a stage holds its embedding, head and 1 + --prefetch
+// blocks on the device at a time, so a model larger than device memory generates. On a
+// CPU model the host is cpu:1, counted apart, so the device peak below is the figure a
+// GPU would show.
 //
 // --check runs the same model on one rank afterwards: its logits on the final window
 // must match the pipeline's, and each generated token must follow from them by the
@@ -43,6 +51,8 @@ struct Settings {
   uint64_t seed = 1;
   std::string prompt;
   bool check = false;
+  bool stream_weights = false;
+  int prefetch = 1;
 };
 
 int64_t to_integer(const std::string& what, const std::string& v) {
@@ -74,6 +84,11 @@ std::optional<Settings> parse(int argc, char** argv) {
   app.add_option("--top-k", s.top_k, "sample among the K most likely tokens only (0: all)")->capture_default_str();
   app.add_option("--seed", s.seed, "seed of the random draws")->capture_default_str();
   app.add_flag("--check", s.check, "compare the logits and tokens with the same model on one rank");
+  app.add_flag(
+      "--stream-weights", s.stream_weights,
+      "keep the blocks' weights in host memory, each fetched before its forward and freed after (ZeRO-Inference)");
+  app.add_option("--prefetch", s.prefetch, "with --stream-weights: blocks fetched ahead of their forward")
+      ->capture_default_str();
   if (!tools::parse_command_line(app, argc, argv)) return std::nullopt;  // --help
   s.mesh = parse_mesh_spec(mesh);
   if (s.load.empty()) throw std::invalid_argument("--load FILE is required (train_gpt --save FILE writes one)");
@@ -92,6 +107,7 @@ std::optional<Settings> parse(int argc, char** argv) {
   if (s.tokens < 1) throw std::invalid_argument("--tokens: expected at least 1, got " + std::to_string(s.tokens));
   if (s.temperature < 0) throw std::invalid_argument("--temperature: expected >= 0, got " + std::to_string(s.temperature));
   if (s.top_k < 0) throw std::invalid_argument("--top-k: expected >= 0, got " + std::to_string(s.top_k));
+  if (s.prefetch < 0) throw std::invalid_argument("--prefetch: expected >= 0, got " + std::to_string(s.prefetch));
   return s;
 }
 
@@ -191,13 +207,22 @@ struct Generated {
   int64_t window_start = 0;                // position of last_window's first token in the rows
   double seconds = 0;
   double bubble = 0;                       // of the last step, measured
+  // Per rank: the device's peak during generation, and the bytes of weights resident on
+  // it (those outside the streamed blocks, or all of them).
+  std::vector<int64_t> device_peak, resident_weights;
+  // --stream-weights, rank 0: host bytes, the largest block, and the copy counters.
+  int64_t host_bytes = 0, largest_block = 0;
+  parallel::WeightStreamStats streamed;
 };
 
 Generated generate(const Settings& s, const nn::StateFile& file, const models::GPTConfig& config,
                    const std::vector<int64_t>& prompt) {
   Generated result;
+  const int ranks = static_cast<int>(shape_numel(s.mesh.shape));
+  result.device_peak.assign(static_cast<size_t>(ranks), 0);
+  result.resident_weights.assign(static_cast<size_t>(ranks), 0);
   std::mutex mutex;
-  launch(static_cast<int>(shape_numel(s.mesh.shape)), [&](Group world) {
+  launch(ranks, [&](Group world) {
     DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
     parallel::PipelineMesh pm(mesh);
     const DeviceMesh& stage_mesh = pm.stage_mesh();
@@ -211,6 +236,23 @@ Generated generate(const Settings& s, const nn::StateFile& file, const models::G
                                      parallel::restrict_plan(models::gpt_tp_plan(gpt.config()), *stage));
     }
     gpt.load_state_dict(file.tensors);
+    // ZeRO-Inference: every block of this rank's stages streams from the host.
+    std::vector<parallel::WeightStream> streams;
+    if (s.stream_weights) {
+      for (const auto& stage : gpt.stages()) {
+        std::vector<nn::Module*> blocks;
+        for (auto& [name, m] : stage->named_modules()) {
+          if (dynamic_cast<nn::TransformerBlock*>(m)) blocks.push_back(m);
+        }
+        if (!blocks.empty()) streams.push_back(parallel::stream_weights(*stage, blocks, {.prefetch = s.prefetch}));
+      }
+    }
+    int64_t resident = 0;
+    for (const DistTensor& p : gpt.parameters()) {
+      const Tensor local = p.to_local();
+      if (local.storage() && local.storage()->holds_memory()) resident += static_cast<int64_t>(local.nbytes());
+    }
+    reset_peak_memory(Device::cpu());
     std::vector<std::vector<int64_t>> rows(static_cast<size_t>(s.samples), prompt);
     const std::vector<int64_t> sizes = parallel::micro_batch_rows(s.samples, s.micro_batches);
     std::vector<int64_t> offsets{0};
@@ -267,8 +309,21 @@ Generated generate(const Settings& s, const nn::StateFile& file, const models::G
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const parallel::Timeline timeline = pipe->gather_timeline();
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      result.device_peak[static_cast<size_t>(world.rank())] = memory_stats(Device::cpu()).peak_bytes;
+      result.resident_weights[static_cast<size_t>(world.rank())] = resident;
+    }
     if (world.rank() == 0) {
       const std::lock_guard<std::mutex> lock(mutex);
+      for (const parallel::WeightStream& w : streams) {
+        result.host_bytes += w.host_bytes();
+        result.largest_block = std::max(result.largest_block, w.largest_unit_bytes());
+        result.streamed.fetches += w.stats().fetches;
+        result.streamed.prefetches += w.stats().prefetches;
+        result.streamed.bytes_fetched += w.stats().bytes_fetched;
+        result.streamed.fetch_seconds += w.stats().fetch_seconds;
+      }
       result.rows = rows;
       result.seconds = seconds;
       result.bubble = timeline.bubble_fraction();
@@ -342,6 +397,20 @@ int main(int argc, char** argv) {
                 s.mesh.to_string().c_str(), static_cast<long long>(s.samples), static_cast<long long>(s.micro_batches),
                 static_cast<long long>(s.tokens), g.seconds, static_cast<double>(s.samples * s.tokens) / g.seconds,
                 100 * g.bubble);
+    const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
+    std::printf("device peak per rank (weights resident):");
+    for (size_t r = 0; r < g.device_peak.size(); ++r) {
+      std::printf("%s r%zu %.2f MiB (%.2f MiB)", r ? "," : "", r, mib(g.device_peak[r]), mib(g.resident_weights[r]));
+    }
+    std::printf("\n");
+    if (s.stream_weights) {
+      std::printf(
+          "streamed weights, rank 0: %.2f MiB of blocks on the host (largest %.2f MiB), prefetch %d: %lld "
+          "fetches (%lld ahead), %.1f MiB in %.3f s (%.1f%% of the time)\n",
+          mib(g.host_bytes), mib(g.largest_block), s.prefetch, static_cast<long long>(g.streamed.fetches),
+          static_cast<long long>(g.streamed.prefetches), mib(g.streamed.bytes_fetched), g.streamed.fetch_seconds,
+          100 * g.streamed.fetch_seconds / g.seconds);
+    }
     for (size_t r = 0; r < g.rows.size(); ++r) std::printf("[%zu] %s\n", r, tokens.decode(g.rows[r]).c_str());
     // The synthetic language: how many generated transitions the chain allows.
     if (file.metadata.count("data_seed")) {

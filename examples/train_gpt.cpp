@@ -8,6 +8,7 @@
 //   ./build/examples/train_gpt --mesh dp=2,tp=2 --fsdp 3         # FSDP over tensor parallel
 //   ./build/examples/train_gpt --mesh replicate=2,dp=2 --fsdp 3 --hsdp
 //   ./build/examples/train_gpt --mesh dp=2 --fsdp 3 --offload     # ZeRO-Offload
+//   ./build/examples/train_gpt --mesh dp=2 --fsdp 3 --offload --delayed-update 40   # ... one step stale
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
 //   ./build/examples/train_gpt --mesh pp=2 --save gpt.dtstate && ./build/examples/generate --load gpt.dtstate
 //   ./build/examples/train_gpt --mesh dp=2 --steps 12 --save-dir ckpt --save-every 6
@@ -73,6 +74,10 @@ struct Settings {
   int64_t fsdp = 0;
   bool hsdp = false, offload = false;
   double offload_fraction = 1.0;
+  int64_t delayed_update = -1;  // warm-up steps; -1: off
+  models::GPTParallelOptions::FSDPUnit fsdp_unit = models::GPTParallelOptions::FSDPUnit::Block;
+  int64_t fsdp_prefetch = 1;
+  std::optional<bool> fsdp_reshard_after_forward;
   bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
   int64_t trace_first = 0, trace_count = 0;
@@ -154,12 +159,36 @@ Settings read_settings(const TrainConfig& o) {
     throw std::invalid_argument("--offload-fraction: expected a value in [0, 1] with --offload, got " +
                                 std::to_string(s.offload_fraction) + (s.offload ? "" : " without --offload"));
   }
+  s.delayed_update = o.delayed_update;
+  if (s.delayed_update < -1 || (s.delayed_update >= 0 && (!s.offload || s.offload_fraction != 1))) {
+    throw std::invalid_argument(
+        "--delayed-update: expected warm-up steps >= 0 (-1: off) with --offload of every "
+        "block (fraction 1), got " +
+        std::to_string(s.delayed_update) +
+        (s.offload ? " with --offload-fraction " + std::to_string(s.offload_fraction) : " without --offload"));
+  }
   if (s.offload && s.fsdp < 2) {
     throw std::invalid_argument("--offload needs --fsdp 2 or 3 (the optimizer steps on the host shards), got --fsdp " +
                                 std::to_string(s.fsdp));
   }
   if (s.fsdp < 0 || s.fsdp > 3)
     throw std::invalid_argument("--fsdp: expected 0 (off, DDP), 1, 2 or 3, got " + std::to_string(s.fsdp));
+  const bool fsdp_defaults = o.fsdp_unit == "block" && o.fsdp_prefetch == 1 && o.fsdp_reshard_after_forward;
+  if (s.fsdp == 0 && !fsdp_defaults) {
+    throw std::invalid_argument("--fsdp-unit, --fsdp-prefetch and --fsdp-reshard-after-forward need --fsdp 1|2|3");
+  }
+  if (o.fsdp_prefetch < 0) {
+    throw std::invalid_argument("--fsdp-prefetch: expected 0 or more units, got " + std::to_string(o.fsdp_prefetch));
+  }
+  if (!o.fsdp_reshard_after_forward && s.fsdp != 3) {
+    throw std::invalid_argument(
+        "--fsdp-reshard-after-forward false needs --fsdp 3 (stages 1 and 2 keep the gathered "
+        "parameters), got --fsdp " +
+        std::to_string(s.fsdp));
+  }
+  if (o.fsdp_unit == "layer") s.fsdp_unit = models::GPTParallelOptions::FSDPUnit::Layer;
+  s.fsdp_prefetch = o.fsdp_prefetch;
+  if (!o.fsdp_reshard_after_forward) s.fsdp_reshard_after_forward = false;
   if (s.fsdp > 0 && !has("dp")) {
     throw std::invalid_argument("--fsdp " + std::to_string(s.fsdp) + " shards over the mesh dim 'dp', --mesh " +
                                 o.mesh + " has none");
@@ -382,6 +411,9 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
        .offload = s.offload,
        .offload_fraction = s.offload_fraction,
        .fsdp_param_dtype = compute,  // 16-bit compute: gather in it, reduce in F32
+       .fsdp_unit = s.fsdp_unit,
+       .fsdp_prefetch = static_cast<int>(s.fsdp_prefetch),
+       .fsdp_reshard_after_forward = s.fsdp_reshard_after_forward,
        .bucket_mb = s.bucket_mb,
        .pipeline = {.schedule = s.schedule ? s.schedule->kind : parallel::ScheduleKind::OneFOneB,
                     .micro_batches = s.schedule ? s.schedule->micro_batches : 1,
@@ -424,6 +456,11 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
                                     .sync = gpt->sync(),
                                     .tokens_per_step = s.batch * config.block_size};
   if (s.precision == "fp16") training.loss_scaling = LossScalerOptions{};
+  std::optional<parallel::DelayedUpdate> delayed;
+  if (s.delayed_update >= 0) {
+    delayed.emplace(optimizer, gpt->modules(), parallel::DelayedUpdateOptions{.warmup_steps = s.delayed_update});
+    training.delayed_update = &*delayed;
+  }
   parallel::Trainer trainer(optimizer, training);
   // The whole training state (checkpoint.h): parameters and optimizer state by name,
   // the loss scale, the data position; saved under --save-dir, resumed on any mesh.
@@ -460,6 +497,9 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     const int64_t done = step + 1;
     if (checkpoints && ((s.save_every > 0 && done % s.save_every == 0) || done == s.steps)) {
       state.step = done;
+      // The update in flight lands first: the run that goes on and one resumed from
+      // here take the same steps.
+      if (delayed) delayed->finish();
       const checkpoint::StateDict dict = checkpoint::train_state_dict(state);
       const std::string path =
           saver ? checkpoints->save_async(*saver, done, dict) : checkpoints->save(done, dict, world);
@@ -467,6 +507,17 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     }
   }
   if (saver) saver->wait();  // the last checkpoint committed (or its error) before the summary
+  if (delayed) {
+    delayed->finish();  // the last step's update
+    const parallel::DelayedUpdateStats& d = delayed->stats();
+    if (leader && log) {
+      std::printf(
+          "delayed update: %lld of %lld steps one step stale; host optimizer %.3f s, of it %.3f s waited for "
+          "(%.0f%% hidden behind forward and backward)\n",
+          static_cast<long long>(d.delayed_steps), static_cast<long long>(d.steps), d.update_seconds, d.wait_seconds,
+          d.update_seconds > 0 ? 100 * std::max(0.0, 1 - d.wait_seconds / d.update_seconds) : 0.0);
+    }
+  }
   if (!s.export_path.empty()) {
     // Every parameter once, written where it lies, nothing gathered.
     checkpoint::export_safetensors(s.export_path, named_parameters(state.modules), world,

@@ -113,12 +113,16 @@ struct Setup {
   int steps = 10;
   bool checkpoint = false;
   bool sgd = false;  // SGD with momentum (scale-sensitive, unlike Adam) instead of AdamW
+  // A one-step delayed update (parallel::DelayedUpdate) after these warm-up steps;
+  // with fsdp it runs through the trainer, without (one rank) by hand as the reference.
+  std::optional<int64_t> delayed_warmup;
 };
 
 struct TrainRun : dtensor::testing::TrainingRun {
   parallel::FSDPStats stats;
   std::map<std::string, std::string> placements;  // of rank 0's parameters
   std::set<std::string> param_devices;            // where the optimizer's parameters live
+  parallel::DelayedUpdateStats delayed;
 };
 
 // Megatron layouts by hand (the tensor-parallel module comes with its own issue):
@@ -180,22 +184,49 @@ TrainRun train(const Setup& s) {
     }
     parallel::GradientSync* sync = ddp ? static_cast<parallel::GradientSync*>(&*ddp)
                                        : root ? static_cast<parallel::GradientSync*>(&*root) : nullptr;
-    parallel::Trainer trainer(*optimizer, {.grad_accum = s.accum, .clip_grad_norm = s.clip, .sync = sync});
+    std::optional<parallel::DelayedUpdate> delayed;
+    if (s.delayed_warmup && root) delayed.emplace(*optimizer, model, parallel::DelayedUpdateOptions{*s.delayed_warmup});
+    parallel::Trainer trainer(*optimizer, {.grad_accum = s.accum,
+                                           .clip_grad_norm = s.clip,
+                                           .sync = sync,
+                                           .delayed_update = delayed ? &*delayed : nullptr});
     const Shape micro{global_batch / s.accum, config.block_size};
+    const auto loss_of = [&](int64_t step, int64_t m) {
+      const TokenBatch b = data.get_batch(sampler.micro_batch_at(step, m));
+      return model.loss(DistTensor::from_local(b.inputs, mesh, batch, micro),
+                        DistTensor::from_local(b.targets, mesh, batch, micro));
+    };
     std::vector<double> losses;
+    std::vector<DistTensor> pending;  // the reference's delayed gradients
     for (int step = 0; step < s.steps; ++step) {
-      const parallel::StepReport report = trainer.step(step, [&](int64_t m) {
-        const TokenBatch b = data.get_batch(sampler.micro_batch_at(step, m));
-        return model.loss(DistTensor::from_local(b.inputs, mesh, batch, micro),
-                          DistTensor::from_local(b.targets, mesh, batch, micro));
-      });
+      if (s.delayed_warmup && !root) {
+        // The definition: step k's gradients update the parameters after step k + 1's
+        // forward and backward.
+        const DistTensor loss = loss_of(step, 0);
+        loss.backward();
+        losses.push_back(loss.full_tensor().item<double>());
+        std::vector<DistTensor> grads;
+        for (const DistTensor& p : optimizer->params()) grads.push_back(p.grad());
+        if (step < *s.delayed_warmup) {
+          optimizer->step(grads);
+        } else {
+          if (!pending.empty()) optimizer->step(pending);
+          pending = grads;
+        }
+        optimizer->zero_grad();
+        continue;
+      }
+      const parallel::StepReport report = trainer.step(step, [&](int64_t m) { return loss_of(step, m); });
       losses.push_back(report.stats.loss);
     }
+    if (!pending.empty()) optimizer->step(pending);
+    if (delayed) delayed->finish();
     const auto params = model.state_dict();
     if (g.rank() == 0) {
       result.losses = losses;
       result.params = params;
       if (root) result.stats = root->stats();
+      if (delayed) result.delayed = delayed->stats();
       for (auto& [name, p] : model.named_parameters()) {
         result.placements[name] = placements_to_string(p.placements());
         result.param_devices.insert(p.device().to_string());
@@ -254,20 +285,27 @@ TEST(Fsdp, SgdTrainingMatchesOneRankForEveryStageAndLayout) {
                                       train({.accum = 2, .steps = 6, .sgd = true}), "SGD stage 1 accumulation");
 }
 
-TEST(Fsdp, ReshardAfterForwardOffAndPrefetchOffMatchOneRank) {
+TEST(Fsdp, ReshardAfterForwardOffAndPrefetchDepthsMatchOneRank) {
   parallel::FSDPOptions keep = stage(3);
   keep.reshard_after_forward = false;
   const TrainRun kept = train({.world = 2, .fsdp = keep});
   dtensor::testing::expect_equivalent(kept, one_rank(), "reshard_after_forward off");
   parallel::FSDPOptions no_prefetch = stage(3);
-  no_prefetch.prefetch = false;
+  no_prefetch.prefetch = 0;
   const TrainRun plain = train({.world = 2, .fsdp = no_prefetch});
   dtensor::testing::expect_equivalent(plain, one_rank(), "prefetch off");
   EXPECT_EQ(plain.stats.prefetched_all_gathers, 0);
-  // With prefetch every module but the first of each pass gathers ahead from step 2 on.
+  // With prefetch every module but the first of each pass gathers ahead from step 2 on;
+  // at depth 2 too (a module already gathering is not gathered twice).
   const TrainRun prefetched = train({.world = 2, .fsdp = stage(3)});
   EXPECT_GT(prefetched.stats.prefetched_all_gathers, 0);
   EXPECT_EQ(prefetched.stats.all_gathers, plain.stats.all_gathers);
+  parallel::FSDPOptions deep = stage(3);
+  deep.prefetch = 2;
+  const TrainRun two = train({.world = 2, .fsdp = deep});
+  dtensor::testing::expect_equivalent(two, one_rank(), "prefetch 2");
+  EXPECT_EQ(two.stats.all_gathers, plain.stats.all_gathers);
+  EXPECT_EQ(two.stats.prefetched_all_gathers, prefetched.stats.prefetched_all_gathers);
 }
 
 // ZeRO-Offload on the CPU: the shards, their gradients and AdamW's state on cpu:1
@@ -298,6 +336,101 @@ TEST(FsdpOffload, TrainsStepForStepAsPlainFsdp) {
   parallel::FSDPOptions offload = stage(3);
   offload.offload = parallel::OffloadPolicy{};
   dtensor::testing::expect_equivalent(train({.world = 2, .fsdp = offload}), one_rank(), "offload stage 3 DP=2");
+}
+
+TEST(FsdpOffload, DelayedUpdateIsOneStepStaleAfterItsWarmup) {
+  const int64_t warmup = 3;
+  const TrainRun want = train({.steps = 8, .delayed_warmup = warmup});  // one rank, by hand
+  const TrainRun undelayed = one_rank();
+  for (int s : {2, 3}) {
+    parallel::FSDPOptions offload = stage(s);
+    offload.offload = parallel::OffloadPolicy{};
+    const std::string what = "delayed update, offload stage " + std::to_string(s);
+    const TrainRun got = train({.world = 2, .fsdp = offload, .steps = 8, .delayed_warmup = warmup});
+    dtensor::testing::expect_equivalent(got, want, what);
+    EXPECT_EQ(got.delayed.steps, 8) << what;
+    EXPECT_EQ(got.delayed.delayed_steps, 8 - warmup) << what;
+    // The delay is there: the same as undelayed training until the first step that
+    // reads stale parameters (step warmup + 1), different after.
+    for (int64_t i = 0; i <= warmup; ++i) {
+      EXPECT_NEAR(got.losses[static_cast<size_t>(i)], undelayed.losses[static_cast<size_t>(i)],
+                  1e-5 * undelayed.losses[static_cast<size_t>(i)])
+          << what << " step " << i;
+    }
+    EXPECT_GT(std::abs(got.losses[warmup + 1] - undelayed.losses[warmup + 1]), 1e-4) << what;
+  }
+}
+
+TEST(FsdpOffload, DelayedUpdateLandsBeforeAnythingReadsTheShards) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"dp"});
+    models::GPTConfig c = odd_config();
+    models::GPT model(mesh, c, 42);
+    const parallel::FSDPOptions offload{.offload = parallel::OffloadPolicy{}};
+    for (auto& [name, m] : model.named_modules()) {
+      if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, offload);
+    }
+    parallel::FSDPModule root = parallel::fully_shard(model, mesh, offload);
+    AdamW optimizer(model.parameters(), 1e-2);
+    parallel::DelayedUpdate delayed(optimizer, model, {.warmup_steps = 0});
+    const Tensor ids = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+    const auto forward = [&] { return model(distribute(ids, mesh, {Replicate()})).full_tensor(); };
+    model.loss(distribute(ids, mesh, {Replicate()}), distribute(ids, mesh, {Replicate()})).backward();
+    delayed.step();
+    optimizer.zero_grad();
+    EXPECT_TRUE(delayed.in_flight());
+    // The sharded state dict waits for the update and reads the updated shards.
+    const std::map<std::string, DistTensor> state = root.state_dict({.full = false});
+    EXPECT_FALSE(delayed.in_flight());
+    EXPECT_EQ(optimizer.state(0).step, 1);
+    // A forward now gathers the updated parameters, as after finish().
+    Tensor after_gate;
+    {
+      NoGradGuard no_grad;
+      after_gate = forward();
+    }
+    delayed.finish();
+    {
+      NoGradGuard no_grad;
+      EXPECT_TRUE(allclose(forward(), after_gate, 0, 0));
+    }
+    // The optimizer's own methods wait for the step through its lock.
+    model.loss(distribute(ids, mesh, {Replicate()}), distribute(ids, mesh, {Replicate()})).backward();
+    delayed.step();
+    optimizer.zero_grad();
+    EXPECT_EQ(optimizer.step_counts().at("0.step"), 2);
+    EXPECT_EQ(optimizer.state_dict().count("0.exp_avg"), 1u);
+    delayed.finish();
+    EXPECT_EQ(delayed.stats().delayed_steps, 2);
+  });
+}
+
+TEST(FsdpOffload, DelayedUpdateBadInputIsAClearError) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"dp"});
+    models::GPTConfig c = odd_config();
+    models::GPT plain(mesh, c, 42);
+    AdamW plain_optimizer(plain.parameters(), 1e-2);
+    EXPECT_THROW_MSG(parallel::DelayedUpdate(plain_optimizer, plain), std::invalid_argument,
+                     "[DelayedUpdate] module '' holds no fully_shard'ed module");
+    parallel::fully_shard(plain, mesh);
+    AdamW sharded_optimizer(plain.parameters(), 1e-2);
+    EXPECT_THROW_MSG(parallel::DelayedUpdate(sharded_optimizer, plain), std::invalid_argument,
+                     "parameter 0 of the optimizer (shape [17, 18]) is not an offloaded FSDP shard of the model");
+    models::GPT model(mesh, c, 42);
+    parallel::fully_shard(model, mesh, {.offload = parallel::OffloadPolicy{}});
+    AdamW optimizer(model.parameters(), 1e-2);
+    EXPECT_THROW_MSG(parallel::DelayedUpdate(optimizer, model, {.warmup_steps = -1}), std::invalid_argument,
+                     "option warmup_steps: expected 0 or more, got -1");
+    parallel::DelayedUpdate delayed(optimizer, model);
+    EXPECT_THROW_MSG(parallel::DelayedUpdate(optimizer, model), std::invalid_argument,
+                     "the model's FSDP modules already have a DelayedUpdate");
+    AdamW other(model.parameters(), 1e-2);
+    EXPECT_THROW_MSG(parallel::Trainer(other, {.delayed_update = &delayed}), std::invalid_argument,
+                     "option delayed_update steps another optimizer than the trainer's");
+    EXPECT_THROW_MSG(optimizer.step(std::vector<DistTensor>{}), std::invalid_argument,
+                     "step: expected one gradient per parameter");
+  });
 }
 
 TEST(Fsdp, ClippingAndGradientAccumulationMatchOneRank) {
@@ -543,6 +676,17 @@ TEST(FsdpComm, DdpMovesTwiceAndZeroThreeThriceTheParameterBytes) {
 
 // ---- memory ---------------------------------------------------------------------------
 
+// The GPT the memory tests measure: vocab 64, 16 positions, 4 heads of width 16.
+models::GPTConfig memory_config(int64_t layers) {
+  models::GPTConfig c;
+  c.vocab = 64;
+  c.block_size = 16;
+  c.layers = layers;
+  c.heads = 4;
+  c.dim = 64;
+  return c;
+}
+
 // Bytes per rank held after an optimizer step (parameters, gradients, optimizer state)
 // with mixed-precision AdamW: BF16 compute and reduction, FP32 shards; with `offload`
 // those on the device (cpu:0) and, in *host_out, those on the host (cpu:1).
@@ -550,12 +694,7 @@ double resident_bytes(int world, int s, int64_t* params_out, bool offload = fals
   double bytes = 0;
   launch(world, [&](Group g) {
     DeviceMesh mesh(g, {world}, {"dp"});
-    models::GPTConfig c;
-    c.vocab = 64;
-    c.block_size = 16;
-    c.layers = 2;
-    c.heads = 4;
-    c.dim = 64;
+    models::GPTConfig c = memory_config(2);
     c.bias = false;
     const int64_t before = memory_stats().live_bytes, host_before = memory_stats(Device::cpu(1)).live_bytes;
     int64_t measured = 0, host = 0;
@@ -621,6 +760,70 @@ TEST(FsdpMemory, OffloadSplitsTheStateBetweenDeviceAndHostAsZeroOffload) {
   }
 }
 
+// The peak live bytes of one training step above those held before it (the third
+// step: the prefetch order is recorded in the first), per rank, with every block a
+// unit or (layer_units) each block's attention and MLP their own, and the bytes of
+// the largest unit's gathered parameters in *unit_bytes.
+int64_t step_peak_bytes(int world, const parallel::FSDPOptions& o, bool layer_units, int64_t* unit_bytes) {
+  int64_t peak = 0;
+  launch(world, [&](Group g) {
+    DeviceMesh mesh(g, {world}, {"dp"});
+    const models::GPTConfig c = memory_config(4);
+    models::GPT model(mesh, c, 1);
+    int64_t largest = 0;
+    for (auto& [name, m] : model.named_modules()) {
+      auto* block = dynamic_cast<nn::TransformerBlock*>(m);
+      if (!block) continue;
+      if (layer_units) {
+        parallel::fully_shard(block->attention(), mesh, o);
+        parallel::fully_shard(block->feed_forward(), mesh, o);
+        largest = std::max({largest, block->attention().num_parameters(), block->feed_forward().num_parameters()});
+      } else {
+        largest = std::max(largest, block->num_parameters());
+      }
+      parallel::fully_shard(*m, mesh, o);
+    }
+    parallel::FSDPModule root = parallel::fully_shard(model, mesh, o);
+    AdamW optimizer(model.parameters(), 1e-3);
+    SyntheticLanguage data(c.vocab, c.block_size, 64, 1);
+    DistributedSampler sampler(data.size(), 8, mesh.coordinate(0), world, 1);
+    int64_t measured = 0;
+    for (int step = 0; step < 3; ++step) {
+      const TokenBatch b = data.get_batch(sampler.batch_at(step));
+      const int64_t before = memory_stats().live_bytes;
+      reset_peak_memory();
+      model
+          .loss(DistTensor::from_local(b.inputs, mesh, {Shard(0)}, Shape{8, 16}),
+                DistTensor::from_local(b.targets, mesh, {Shard(0)}, Shape{8, 16}))
+          .backward();
+      optimizer.step();
+      optimizer.zero_grad();
+      measured = memory_stats().peak_bytes - before;
+    }
+    if (g.rank() == 0) {
+      peak = measured;
+      *unit_bytes = largest * 4;
+    }
+  });
+  return peak;
+}
+
+TEST(FsdpMemory, GatheredWorkingSetFollowsPrefetchDepthAndUnitSize) {
+  int64_t block = 0, layer = 0;
+  const int64_t p0 = step_peak_bytes(2, {.stage = 3, .prefetch = 0}, false, &block);
+  const int64_t p1 = step_peak_bytes(2, {.stage = 3, .prefetch = 1}, false, &block);
+  const int64_t p2 = step_peak_bytes(2, {.stage = 3, .prefetch = 2}, false, &block);
+  const int64_t l1 = step_peak_bytes(2, {.stage = 3, .prefetch = 1}, true, &layer);
+  // Each unit prefetched holds one copy of its gathered parameters (the all-gather's
+  // output; the unsharded buffer comes back when the gather is unpacked), not two.
+  const double b = static_cast<double>(block);
+  EXPECT_NEAR(static_cast<double>(p1 - p0), b, 0.01 * b) << "prefetch 1 against 0";
+  EXPECT_NEAR(static_cast<double>(p2 - p1), b, 0.01 * b) << "prefetch 2 against 1";
+  // Smaller units: the backward working set (the gathered unit, the next one's gather,
+  // its gradients and their packed copy) shrinks with the largest unit.
+  EXPECT_GE(p1 - l1, 2 * (block - layer)) << "layer units: peak " << l1 << " against " << p1 << " with block units";
+}
+
 // ---- state dicts -----------------------------------------------------------------------
 
 TEST(Fsdp, StateDictFullAndShardedRoundTrip) {
@@ -665,6 +868,8 @@ TEST(FsdpErrors, BadInputIsAClearErrorNamingTheModuleAndOption) {
                      "option shard_dim 'fsdp' is not a dim of mesh dp=2");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 2, .reshard_after_forward = true}),
                      std::invalid_argument, "option reshard_after_forward needs stage 3");
+    EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.prefetch = -1}), std::invalid_argument,
+                     "option prefetch is a number of modules, expected 0 or more, got -1");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.stage = 1, .offload = parallel::OffloadPolicy{}}),
                      std::invalid_argument, "option offload needs stage 2 or 3");
     EXPECT_THROW_MSG(parallel::fully_shard(block, mesh, {.offload = parallel::OffloadPolicy{.host = Device::cpu()}}),
@@ -693,3 +898,131 @@ TEST(FsdpErrors, BadInputIsAClearErrorNamingTheModuleAndOption) {
 }
 
 }  // namespace
+
+// ---- weight streaming (ZeRO-Inference) ---------------------------------------------------
+
+// Token ids [2, block_size] and the largest difference of two tensors.
+Tensor streaming_ids(const models::GPTConfig& c) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 2 * c.block_size; ++i) ids.push_back((i * 7 + 3) % c.vocab);
+  return Tensor::from_vector(ids, {2, c.block_size});
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) { return amax(abs(sub(a, b))).item<double>(); }
+
+std::vector<nn::Module*> blocks_of(nn::Module& model) {
+  std::vector<nn::Module*> units;
+  for (auto& [name, m] : model.named_modules()) {
+    if (dynamic_cast<nn::TransformerBlock*>(m)) units.push_back(m);
+  }
+  return units;
+}
+
+// Inference with the blocks streamed from cpu:1 gives the logits of the same model kept
+// on the device, bit for bit, and holds at most 1 + prefetch blocks' weights on the
+// device beside the rest of the model and the activations.
+TEST(WeightStreaming, SameLogitsWithOnePlusPrefetchBlocksOnTheDevice) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1}, {"dp"});
+    const models::GPTConfig c = memory_config(4);
+    const Tensor ids = streaming_ids(c);
+    NoGradGuard no_grad;
+    // The plain model: its logits, and the activations' peak above its weights.
+    Tensor want;
+    int64_t activations = 0;
+    {
+      models::GPT model(mesh, c, 3);
+      const int64_t before = memory_stats().live_bytes;
+      reset_peak_memory();
+      want = model(distribute(ids, mesh, {Replicate()})).to_local().clone();
+      activations = memory_stats().peak_bytes - before;
+    }
+    for (int prefetch : {0, 1, 2}) {
+      const std::string what = "prefetch " + std::to_string(prefetch);
+      models::GPT model(mesh, c, 3);
+      const int64_t device_before = memory_stats().live_bytes, host_before = memory_stats(Device::cpu(1)).live_bytes;
+      parallel::WeightStream stream = parallel::stream_weights(model, blocks_of(model), {.prefetch = prefetch});
+      EXPECT_EQ(stream.host(), Device::cpu(1));
+      EXPECT_EQ(stream.unit_names(), (std::vector<std::string>{"blocks.0", "blocks.1", "blocks.2", "blocks.3"}));
+      // The blocks' weights moved: off the device, onto the host, byte for byte.
+      EXPECT_EQ(device_before - memory_stats().live_bytes, stream.host_bytes()) << what;
+      EXPECT_EQ(memory_stats(Device::cpu(1)).live_bytes - host_before, stream.host_bytes()) << what;
+      EXPECT_EQ(stream.host_bytes(), 4 * stream.largest_unit_bytes()) << what;
+      for (int pass = 0; pass < 2; ++pass) {  // the first records the order prefetching follows
+        const int64_t before = memory_stats().live_bytes;
+        reset_peak_memory();
+        const Tensor got = model(distribute(ids, mesh, {Replicate()})).to_local();
+        const int64_t peak = memory_stats().peak_bytes - before;
+        EXPECT_EQ(max_abs_diff(got, want), 0.0) << what << " pass " << pass;
+        EXPECT_EQ(memory_stats().live_bytes - before, got.nbytes()) << what << ": every block freed after forward";
+        const int64_t held = pass == 0 ? 1 : 1 + prefetch;
+        EXPECT_LE(peak, activations + held * stream.largest_unit_bytes()) << what << " pass " << pass;
+        EXPECT_GT(peak, activations + (held - 1) * stream.largest_unit_bytes()) << what << " pass " << pass;
+      }
+      EXPECT_EQ(stream.stats().fetches, 8) << what;
+      EXPECT_EQ(stream.stats().prefetches, prefetch == 0 ? 0 : 3) << what;
+      EXPECT_EQ(stream.stats().bytes_fetched, 2 * stream.host_bytes()) << what;
+      // Back on the device for good: the same logits with gradients on, and no host copy.
+      stream.detach();
+      EXPECT_EQ(memory_stats(Device::cpu(1)).live_bytes, host_before) << what;
+      GradModeGuard grad(true);
+      EXPECT_EQ(max_abs_diff(model(distribute(ids, mesh, {Replicate()})).to_local(), want), 0.0) << what;
+    }
+  });
+}
+
+// Each rank streams its own shards: tensor parallel blocks give the unstreamed logits.
+TEST(WeightStreaming, TensorParallelShardsStreamPerRank) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"tp"});
+    const models::GPTConfig c = memory_config(4);
+    const Tensor ids = streaming_ids(c);
+    NoGradGuard no_grad;
+    auto build = [&] {
+      auto model = std::make_unique<models::GPT>(mesh, c, 3);
+      parallel::parallelize_module(*model, mesh, models::gpt_tp_plan(c));
+      return model;
+    };
+    const Tensor want = (*build())(distribute(ids, mesh, {Replicate()})).full_tensor();
+    auto model = build();
+    parallel::WeightStream stream = parallel::stream_weights(*model, blocks_of(*model));
+    for (int pass = 0; pass < 2; ++pass) {
+      EXPECT_EQ(max_abs_diff((*model)(distribute(ids, mesh, {Replicate()})).full_tensor(), want), 0.0);
+    }
+    EXPECT_EQ(stream.stats().prefetches, 3);
+  });
+}
+
+TEST(WeightStreaming, BadInputIsAClearError) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"dp"});
+    models::GPTConfig c = memory_config(4);
+    c.tie_weights = true;
+    models::GPT model(mesh, c, 1);
+    nn::Module& block = model.submodule("blocks.0");
+    EXPECT_THROW_MSG(parallel::stream_weights(model, {}), std::invalid_argument,
+                     "[stream_weights] the root module: expected at least one unit");
+    EXPECT_THROW_MSG(parallel::stream_weights(model, {&block}, {.prefetch = -1}), std::invalid_argument,
+                     "option prefetch is a number of units, expected 0 or more, got -1");
+    EXPECT_THROW_MSG(parallel::stream_weights(model, {&block, &block.submodule("attn")}), std::invalid_argument,
+                     "module 'blocks.0.attn' is inside unit module 'blocks.0' (units are disjoint)");
+    models::GPT other(mesh, c, 1);
+    EXPECT_THROW_MSG(parallel::stream_weights(model, {&other.submodule("blocks.0")}), std::invalid_argument,
+                     "module 'blocks.0' is not the root module or one of its sub-modules");
+    EXPECT_THROW_MSG(parallel::stream_weights(model, {&block}, {.host = Device::cpu()}), std::invalid_argument,
+                     "option host is cpu, the device the weights compute on");
+    // The tied head reads the embedding's weight outside the embedding's forward.
+    EXPECT_THROW_MSG(parallel::stream_weights(model, {&model.submodule("tokens")}), std::invalid_argument,
+                     "module 'tokens' is also registered as 'embedding' in module 'head', outside the units");
+    // Forward with gradients on would keep views of freed weights.
+    parallel::WeightStream stream = parallel::stream_weights(model, {&block});
+    const Tensor ids = streaming_ids(c);
+    EXPECT_THROW_MSG(model(distribute(ids, mesh, {Replicate()})), std::invalid_argument,
+                     "module 'blocks.0': forward with gradients enabled; streamed weights are freed after forward");
+    models::GPT sharded(mesh, c, 1);
+    parallel::fully_shard(sharded.submodule("blocks.0"), mesh);
+    EXPECT_THROW_MSG(parallel::stream_weights(sharded, {&sharded.submodule("blocks.0")}), std::invalid_argument,
+                     "is wrapped by fully_shard over dp; FSDP gathers its own parameters");
+    EXPECT_THROW_MSG(parallel::WeightStream().stats(), std::invalid_argument, "this WeightStream handle is empty");
+  });
+}

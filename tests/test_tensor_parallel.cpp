@@ -226,6 +226,23 @@ TEST(TensorParallel, StylesPlaceParametersAndMoveInputsAndOutputs) {
   });
 }
 
+// A sharded parameter holds its shard's bytes: the replicated weight it came from is
+// freed (a shard viewing it would keep all of it alive on every rank).
+TEST(TensorParallel, ShardedParametersHoldOnlyTheirShardsBytes) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2}, {"tp"});
+    const int64_t before = memory_stats().live_bytes;
+    nn::MLP mlp(mesh, 64, 256, nn::Activation::Gelu, /*bias=*/false, 3, 0.02);
+    const int64_t whole = memory_stats().live_bytes - before;
+    EXPECT_EQ(whole, 2 * 64 * 256 * 4);
+    parallelize_module(mlp, mesh, {{"up", ColwiseParallel{}}, {"down", RowwiseParallel{}}});
+    EXPECT_EQ(memory_stats().live_bytes - before, whole / 2);
+    for (const auto& [name, p] : mlp.named_parameters()) {
+      EXPECT_EQ(p.to_local().storage()->bytes(), p.to_local().nbytes()) << name;
+    }
+  });
+}
+
 TEST(TensorParallel, SequenceParallelAndPrepareModuleStyles) {
   launch(2, [](Group g) {
     DeviceMesh mesh(g, {2}, {"tp"});

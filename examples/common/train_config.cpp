@@ -72,6 +72,19 @@ const std::vector<TrainKey>& train_keys() {
       {"offload-fraction", &C::offload_fraction,
        "with --offload: the share of the parameters offloaded, whole blocks from the first (Megatron's "
        "offload fraction); the rest stays on the device"},
+      {"delayed-update", &C::delayed_update,
+       "with --offload: after this many warm-up steps, each step's host optimizer step runs beside the next step's "
+       "forward and backward, one step stale (DeepSpeed's delayed parameter update; -1: off)"},
+      {"fsdp-unit",
+       &C::fsdp_unit,
+       "with --fsdp: each block one FSDP unit, or each block's attention and feed-forward its own (a smaller gathered "
+       "working set, twice the collectives)",
+       {"block", "layer"}},
+      {"fsdp-prefetch", &C::fsdp_prefetch,
+       "with --fsdp: units whose all-gather runs ahead of their use (0: none, the smallest working set)"},
+      {"fsdp-reshard-after-forward", &C::fsdp_reshard_after_forward,
+       "with --fsdp 3: free each block's gathered parameters after its forward and gather them again for backward "
+       "(false: keep them until backward, no second all-gather)"},
       {"seed", &C::seed, "seed of the model, the data order and dropout"},
       {"trace", &C::trace, "write a Chrome trace (Perfetto) of the traced steps to this file"},
       {"trace-steps", &C::trace_steps, "FIRST:COUNT of the steps to trace"},

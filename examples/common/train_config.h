@@ -58,6 +58,10 @@ struct TrainConfig {
   bool hsdp = false;
   bool offload = false;
   double offload_fraction = 1.0;
+  int64_t delayed_update = -1;
+  std::string fsdp_unit = "block";
+  int64_t fsdp_prefetch = 1;
+  bool fsdp_reshard_after_forward = true;
   int64_t seed = 1234;
   std::string trace;
   std::string trace_steps = "2:2";

@@ -54,6 +54,10 @@ struct RankMemoryCounters {
   std::shared_ptr<MemoryCounter> cuda = std::make_shared<MemoryCounter>();
 };
 
+// The calling thread's counters (the process-wide ones outside `launch`): a helper
+// thread of a rank installs them to count its bytes as the rank's.
+std::shared_ptr<RankMemoryCounters> current_memory_counters();
+
 // Installs `counters` as the calling thread's counters until destroyed; `launch`
 // uses it so each rank thread counts its own bytes.
 class ScopedMemoryCounters {

@@ -32,9 +32,13 @@
 // maximize=False, amsgrad=False), so a step here matches a step there.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/dist_tensor.h"
@@ -63,14 +67,42 @@ class Optimizer {
   // their state untouched). Collective over the parameters' meshes when gradients need
   // redistribution; runs without recording autograd.
   void step();
+  // One update with `grads` in place of the parameters' gradients: one per parameter,
+  // in order, each in its parameter's layout (mesh, placements, shape; undefined: the
+  // parameter is skipped). Local: no communication, and the parameters' .grad() are
+  // neither read nor written, so it may run on another thread while the next backward
+  // produces new ones (parallel::DelayedUpdate).
+  void step(const std::vector<DistTensor>& grads);
   // Drops every parameter's gradient (PyTorch's set_to_none=True).
   void zero_grad();
+
+  // A step to run on another thread (parallel::DelayedUpdate), reserved on this one:
+  // from reserve_step() until the reservation has run (or is dropped unrun), step,
+  // set_lr, state, state_dict, step_counts and load_state_dict wait for it, so none of
+  // them sees a half-done step and a new rate cannot reach the step in flight.
+  class StepReservation {
+   public:
+    StepReservation() = default;
+    StepReservation(StepReservation&& other) noexcept : optimizer_(std::exchange(other.optimizer_, nullptr)) {}
+    StepReservation& operator=(StepReservation&& other) noexcept;
+    ~StepReservation() { release(); }
+    // step(grads), on any thread, then the waiting methods go on.
+    void run(const std::vector<DistTensor>& grads);
+
+   private:
+    friend class Optimizer;
+    explicit StepReservation(Optimizer* optimizer) : optimizer_(optimizer) {}
+    void release();
+    Optimizer* optimizer_ = nullptr;
+  };
+  StepReservation reserve_step();
 
   double lr() const { return lr_; }
   void set_lr(double lr);
 
   const std::vector<DistTensor>& params() const { return params_; }
-  // The state of parameter `index` (empty until its first update).
+  // The state of parameter `index` (empty until its first update); the reference is
+  // not protected by the lock (read it while no step runs).
   const ParamState& state(size_t index) const;
   // Every state tensor as "<param index>.<name>" (e.g. "3.exp_avg"), for checkpoints
   // and tests; the step counts as "<param index>.step" in step_counts().
@@ -109,13 +141,22 @@ class Optimizer {
   virtual std::vector<std::string> created_state_names() const { return {}; }
 
  private:
+  // The lock, once no reserved step is pending.
+  std::unique_lock<std::mutex> lock_when_idle() const;
+  // step(grads) with the lock held.
+  void apply(const std::vector<DistTensor>& grads);
+  // One parameter's update from its gradient in its own layout.
+  void update_one(size_t index, const DistTensor& grad);
   void ensure_state(size_t index);
   // Throws when parameter `index` was replaced in its module (autograd::replaced_note).
   void check_in_place(size_t index) const;
 
   std::vector<DistTensor> params_;
   std::vector<ParamState> states_;
-  double lr_;
+  mutable std::mutex mutex_;  // held by a step and by whatever reads or writes the state or lr_
+  mutable std::condition_variable idle_;
+  bool reserved_ = false;   // a StepReservation is pending
+  std::atomic<double> lr_;  // read without the lock; written under it
   bool master_weights_;
   std::string name_;
 };

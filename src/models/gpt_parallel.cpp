@@ -135,6 +135,8 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     parallel::FSDPOptions fsdp;
     fsdp.stage = options_.fsdp;
     fsdp.replicate_dim = options_.hsdp ? "replicate" : cp_ ? options_.context.mesh_dim : ep_ ? "ep" : "";
+    fsdp.prefetch = options_.fsdp_prefetch;
+    fsdp.reshard_after_forward = options_.fsdp_reshard_after_forward;
     if (options_.fsdp_param_dtype) {
       fsdp.mixed_precision = {.param_dtype = options_.fsdp_param_dtype, .reduce_dtype = DType::F32};
     }
@@ -165,6 +167,16 @@ void ParallelGPT::wrap(nn::Module& module, const DeviceMesh& mesh) {
     experts.replicate_dim = "";
     for (auto& [_, m] : module.named_modules()) {
       if (ep_ && dynamic_cast<nn::MoE*>(m)) parallel::fully_shard(*m, mesh, options_for(m->parent(), experts));
+    }
+    // Layer units: a block's attention and feed-forward first (an MoE under ep is one already).
+    const bool layer_units = options_.fsdp_unit == GPTParallelOptions::FSDPUnit::Layer;
+    for (auto& [_, m] : module.named_modules()) {
+      const auto* block = dynamic_cast<const nn::TransformerBlock*>(m);
+      if (!layer_units || !block) continue;
+      parallel::fully_shard(block->attention(), mesh, options_for(block, fsdp));
+      nn::Module& feed_forward = block->feed_forward();
+      if (!(ep_ && dynamic_cast<nn::MoE*>(&feed_forward)))
+        parallel::fully_shard(feed_forward, mesh, options_for(block, fsdp));
     }
     for (auto& [_, m] : module.named_modules()) {
       if (dynamic_cast<nn::TransformerBlock*>(m)) parallel::fully_shard(*m, mesh, options_for(m, fsdp));
@@ -217,6 +229,12 @@ std::string ParallelGPT::describe() const {
                ? std::string(" with offload")
                : " with offload of " + std::to_string(static_cast<int>(std::lround(options_.offload_fraction * 100))) +
                      "% of the parameters";
+  }
+  if (options_.fsdp > 0) {
+    // The gathered working set, where it differs from the defaults.
+    if (options_.fsdp_unit == GPTParallelOptions::FSDPUnit::Layer) out += ", layer units";
+    if (options_.fsdp_prefetch != 1) out += ", prefetch " + std::to_string(options_.fsdp_prefetch);
+    if (options_.fsdp_reshard_after_forward == false) out += ", gathered parameters kept after forward";
   }
   if (ep_) out += ", expert parallel over ep";
   if (cp_) {

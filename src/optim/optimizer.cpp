@@ -64,10 +64,12 @@ Optimizer::Optimizer(std::vector<DistTensor> params, double lr, bool master_weig
 
 void Optimizer::set_lr(double lr) {
   DT_CHECK_ARG(std::isfinite(lr) && lr >= 0, name_, "expected a learning rate >= 0, got ", lr);
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
   lr_ = lr;
 }
 
 const ParamState& Optimizer::state(size_t index) const {
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
   DT_CHECK_ARG(index < states_.size(), name_, "parameter index ", index, " out of range: ",
                states_.size(), " parameters");
   return states_[index];
@@ -97,26 +99,96 @@ void Optimizer::check_in_place(size_t index) const {
 void Optimizer::step() {
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) check_in_place(i);
+  // The gradients first (collective when a layout differs), then the updates (local).
+  std::vector<DistTensor> grads;
+  grads.reserve(params_.size());
+  for (const DistTensor& p : params_) grads.push_back(gradient_in_param_layout(p));
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (grads[i].defined()) update_one(i, grads[i]);
+  }
+}
+
+void Optimizer::step(const std::vector<DistTensor>& grads) {
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
+  apply(grads);
+}
+
+void Optimizer::apply(const std::vector<DistTensor>& grads) {
+  DT_CHECK_ARG(grads.size() == params_.size(), name_, "step: expected one gradient per parameter (", params_.size(),
+               "), got ", grads.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const DistTensor& g = grads[i];
     const DistTensor& p = params_[i];
-    const DistTensor grad = gradient_in_param_layout(p);
-    if (!grad.defined()) continue;
-    ensure_state(i);
-    ParamState& st = states_[i];
-    const auto master = st.tensors.find("master");
-    // The tensor being optimized: the FP32 master or the parameter itself.
-    const Tensor target = master != st.tensors.end() ? master->second.to_local() : p.to_local();
-    std::map<std::string, Tensor> local_state;
-    for (const auto& [name, t] : st.tensors) {
-      if (name != "master") local_state[name] = t.to_local();
-    }
-    ++st.step;
-    const Tensor updated = update(target, grad.to_local().to(target.dtype()), st, local_state);
-    Tensor(target).copy_(updated);
-    if (master != st.tensors.end()) Tensor(p.to_local()).copy_(target);  // rounds to 16 bits
-    for (const auto& [name, local] : local_state) {
-      if (!st.tensors.count(name)) st.tensors[name] = wrap_like(local, p);
-    }
+    if (!g.defined()) continue;
+    DT_CHECK_ARG(g.mesh() == p.mesh() && g.placements() == p.placements() && g.shape() == p.shape(), name_,
+                 "step: gradient ", i, " is ", g.shape(), " ", placements_to_string(g.placements()), " on mesh ",
+                 g.mesh().to_string(), ", expected its parameter's ", p.shape(), " ",
+                 placements_to_string(p.placements()), " on mesh ", p.mesh().to_string());
+  }
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (grads[i].defined()) update_one(i, grads[i]);
+  }
+}
+
+std::unique_lock<std::mutex> Optimizer::lock_when_idle() const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return !reserved_; });
+  return lock;
+}
+
+Optimizer::StepReservation Optimizer::reserve_step() {
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
+  reserved_ = true;
+  return StepReservation(this);
+}
+
+void Optimizer::StepReservation::run(const std::vector<DistTensor>& grads) {
+  DT_CHECK_ARG(optimizer_ != nullptr, "optimizer", "StepReservation::run: this reservation is empty or has run");
+  struct Release {
+    StepReservation* r;
+    ~Release() { r->release(); }
+  } release{this};
+  const std::lock_guard<std::mutex> lock(optimizer_->mutex_);
+  optimizer_->apply(grads);
+}
+
+void Optimizer::StepReservation::release() {
+  Optimizer* o = std::exchange(optimizer_, nullptr);
+  if (!o) return;
+  {
+    const std::lock_guard<std::mutex> lock(o->mutex_);
+    o->reserved_ = false;
+  }
+  o->idle_.notify_all();
+}
+
+Optimizer::StepReservation& Optimizer::StepReservation::operator=(StepReservation&& other) noexcept {
+  if (this != &other) {
+    release();
+    optimizer_ = std::exchange(other.optimizer_, nullptr);
+  }
+  return *this;
+}
+
+void Optimizer::update_one(size_t i, const DistTensor& grad) {
+  const DistTensor& p = params_[i];
+  ensure_state(i);
+  ParamState& st = states_[i];
+  const auto master = st.tensors.find("master");
+  // The tensor being optimized: the FP32 master or the parameter itself.
+  const Tensor target = master != st.tensors.end() ? master->second.to_local() : p.to_local();
+  std::map<std::string, Tensor> local_state;
+  for (const auto& [name, t] : st.tensors) {
+    if (name != "master") local_state[name] = t.to_local();
+  }
+  ++st.step;
+  const Tensor updated = update(target, grad.to_local().to(target.dtype()), st, local_state);
+  Tensor(target).copy_(updated);
+  if (master != st.tensors.end()) Tensor(p.to_local()).copy_(target);  // rounds to 16 bits
+  for (const auto& [name, local] : local_state) {
+    if (!st.tensors.count(name)) st.tensors[name] = wrap_like(local, p);
   }
 }
 
@@ -125,6 +197,7 @@ void Optimizer::zero_grad() {
 }
 
 std::map<std::string, DistTensor> Optimizer::state_dict() const {
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
   std::map<std::string, DistTensor> out;
   for (size_t i = 0; i < states_.size(); ++i) {
     for (const auto& [name, t] : states_[i].tensors) out[std::to_string(i) + "." + name] = t;
@@ -133,6 +206,7 @@ std::map<std::string, DistTensor> Optimizer::state_dict() const {
 }
 
 std::map<std::string, int64_t> Optimizer::step_counts() const {
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
   std::map<std::string, int64_t> out;
   for (size_t i = 0; i < states_.size(); ++i) out[std::to_string(i) + ".step"] = states_[i].step;
   return out;
@@ -169,6 +243,7 @@ std::vector<std::string> Optimizer::state_names(size_t index) const {
 
 void Optimizer::load_state_dict(const std::map<std::string, DistTensor>& tensors,
                                 const std::map<std::string, int64_t>& steps, bool strict) {
+  const std::unique_lock<std::mutex> lock = lock_when_idle();
   // Every key is checked before anything is written, so a rejected state changes nothing.
   std::vector<std::optional<int64_t>> new_steps(params_.size());
   for (const auto& [key, value] : steps) {

@@ -21,15 +21,16 @@ namespace {
 // "TransformerBlock" for errors: the module's type without namespaces.
 thread_local std::map<const nn::Module*, std::weak_ptr<ParamGroup>> registry;  // per rank
 
-std::shared_ptr<ParamGroup> group_of(const nn::Module* module) {
+}  // namespace
+
+std::shared_ptr<ParamGroup> detail::group_of(const nn::Module* module) {
   auto it = registry.find(module);
   if (it == registry.end()) return nullptr;
   std::shared_ptr<ParamGroup> group = it->second.lock();
   if (!group) registry.erase(it);
   return group;
 }
-
-}  // namespace
+using detail::group_of;
 
 // ---- fully_shard -------------------------------------------------------------------
 
@@ -122,6 +123,8 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, const FSDPOpt
   DT_CHECK_ARG(options.stage == 3 || !options.reshard_after_forward.value_or(false), kOp, label,
                ": option reshard_after_forward needs stage 3 (stages 1 and 2 keep the gathered parameters), got stage ",
                options.stage);
+  DT_CHECK_ARG(options.prefetch >= 0, kOp, label, ": option prefetch is a number of modules, expected 0 or more, got ",
+               options.prefetch);
   DT_CHECK_ARG(!options.offload || options.stage >= 2, kOp, label,
                ": option offload needs stage 2 or 3 (stage 1 keeps a full gradient buffer on the device), got stage ",
                options.stage);
@@ -327,6 +330,7 @@ const FSDPStats& FSDPModule::stats() const { return checked(group_, "FSDPModule"
 
 std::map<std::string, DistTensor> FSDPModule::state_dict(StateDictOptions options) const {
   ParamGroup& g = checked(group_, "FSDPModule::state_dict");
+  detail::await_shard_writer(*g.context);
   NoGradGuard no_grad;
   std::map<std::string, DistTensor> out;
   for (auto& [name, p] : g.module->named_parameters()) {
@@ -337,6 +341,7 @@ std::map<std::string, DistTensor> FSDPModule::state_dict(StateDictOptions option
 
 void FSDPModule::load_state_dict(const std::map<std::string, DistTensor>& state) {
   ParamGroup& g = checked(group_, "FSDPModule::load_state_dict");
+  detail::await_shard_writer(*g.context);
   NoGradGuard no_grad;
   std::set<std::string> seen;
   for (auto& [name, p] : g.module->named_parameters()) {

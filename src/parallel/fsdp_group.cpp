@@ -4,7 +4,7 @@
 //
 // Per forward of a fully_shard'ed module:
 //   pre-forward hook   wait for (or start) the module's all-gather, start the next
-//                      module's (prefetch), record one "fsdp_all_gather" node from the
+//                      modules' (prefetch), record one "fsdp_all_gather" node from the
 //                      sharded leaves to the gathered parameters and install those in
 //                      the module (Module::swap_parameter);
 //   forward            the layers compute with the gathered parameters;
@@ -35,9 +35,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-ParamGroup* next_in(const std::vector<ParamGroup*>& order, const ParamGroup* current) {
+// Starts the all-gathers of the `depth` modules after `current` in `order`.
+void prefetch_after(const std::vector<ParamGroup*>& order, const ParamGroup* current, int depth) {
   auto it = std::find(order.begin(), order.end(), current);
-  return it == order.end() || it + 1 == order.end() ? nullptr : *(it + 1);
+  if (it == order.end()) return;
+  for (++it; depth > 0 && it != order.end(); ++it, --depth) (*it)->start_gather(true);
 }
 
 void record_order(std::vector<ParamGroup*>& order, ParamGroup* group) {
@@ -178,7 +180,9 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
   ParamGroup& g = *gp;
   Context& ctx = *g.context;
   ensure_end_of_backward(g.context);
-  bool launched = false;
+  // One reduction in flight: the previous module's finishes now, after this module's
+  // backward has run beside it, and before this module's packed gradients take memory.
+  if (g.sync) progress_reductions(ctx, false);
   for (size_t bi = 0; bi < g.buckets.size(); ++bi) {
     ParamGroup::Bucket& b = g.buckets[bi];
     bool any = b.grad_holds_sum;
@@ -211,10 +215,6 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
     }
     b.grad_holds_sum = true;
     if (!g.sync) continue;
-    // One reduction in flight: the previous module's finishes now, after this
-    // module's backward has run beside it.
-    if (!launched) progress_reductions(ctx, false);
-    launched = true;
     TraceSpan launch("fsdp_reduce_scatter", "comm");
     Context::Reduction r{gp, bi, Tensor::empty({b.layout.region_numel()}, b.reduce_dtype, b.device), Work(), false};
     r.work = reduce_scatter_async(g.shard_group(), b.grad_full, r.out, ReduceOp::Sum);
@@ -231,12 +231,24 @@ void pre_backward(const std::shared_ptr<ParamGroup>& gp) {
   ensure_end_of_backward(g.context);
   if (!ctx.order_frozen) record_order(ctx.backward_order, &g);
   g.unshard();
-  if (g.options.prefetch && ctx.order_frozen) {
-    if (ParamGroup* next = next_in(ctx.backward_order, &g)) next->start_gather(true);
+  if (ctx.order_frozen) prefetch_after(ctx.backward_order, &g, g.options.prefetch);
+}
+
+void refresh_device_shards(ParamGroup& group) {
+  for (const std::weak_ptr<ParamGroup>& weak : group.subtree) {
+    const std::shared_ptr<ParamGroup> member = weak.lock();
+    if (!member || !member->offloaded()) continue;
+    for (ParamGroup::Bucket& b : member->buckets) {
+      TraceSpan copy("fsdp_shard_to_device", "comm");
+      if (!b.send.defined()) b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.device);
+      b.send.copy_(b.shard);
+      b.send_stale = false;
+    }
   }
 }
 
 void mark_shards_changed(ParamGroup& group) {
+  await_shard_writer(*group.context);
   for (const std::weak_ptr<ParamGroup>& weak : group.subtree) {
     if (const std::shared_ptr<ParamGroup> member = weak.lock()) {
       member->reshard();
@@ -253,9 +265,7 @@ void pre_forward(const std::shared_ptr<ParamGroup>& gp) {
   const bool recompute = autograd::in_backward();
   if (!ctx.order_frozen && !recompute) record_order(ctx.forward_order, &g);
   g.unshard();
-  if (g.options.prefetch && ctx.order_frozen && !recompute) {
-    if (ParamGroup* next = next_in(ctx.forward_order, &g)) next->start_gather(true);
-  }
+  if (ctx.order_frozen && !recompute) prefetch_after(ctx.forward_order, &g, g.options.prefetch);
   std::vector<DistTensor> gathered = g.gathered_params();
   const std::vector<DistTensor> sharded = g.sharded_params();
   autograd::record("fsdp_all_gather", sharded, gathered,
@@ -309,28 +319,22 @@ void ParamGroup::start_gather(bool prefetch) {
   if (state != State::Sharded) return;
   TraceSpan span("fsdp_all_gather", "comm");
   for (Bucket& b : buckets) {
-    if (!b.unsharded.defined()) {
-      b.unsharded = Tensor::empty({b.layout.unsharded_numel()}, b.param_dtype, b.device);
-    } else {
-      b.unsharded.storage()->restore_memory();
-    }
     Tensor send = b.shard;
     if (b.param_dtype != b.dtype || offloaded()) {
-      if (options.stage == 3) {
-        // Kept: forward and backward gather the same cast (refreshed after each step;
-        // offloaded, this is the host-to-device copy of the updated shard).
+      // The shards cast to param_dtype on the device (offloaded: the host-to-device copy
+      // of the updated shard). Stage 3 keeps it (forward and backward gather the same
+      // one), refreshed in the first gather after each step; stages 1 and 2 drop it when
+      // the gather finishes.
+      if (b.send_stale || !b.send.defined()) {
+        TraceSpan copy("fsdp_shard_to_device", "comm");
+        detail::await_shard_writer(*context);
         if (!b.send.defined()) b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.device);
-        if (b.send_stale) {
-          TraceSpan copy("fsdp_shard_to_device", "comm");
-          b.send.copy_(b.shard);
-        }
-        send = b.send;
-      } else {
-        // Dropped when the gather finishes.
-        b.send = Tensor::empty({b.layout.region_numel()}, b.param_dtype, b.device).copy_(b.shard);
-        send = b.send;
+        b.send.copy_(b.shard);
+        b.send_stale = false;
       }
-      b.send_stale = false;
+      send = b.send;
+    } else {
+      detail::await_shard_writer(*context);
     }
     b.gathered = Tensor::empty({ranks * b.layout.region_numel()}, b.param_dtype, b.device);
     b.gather = all_gather_async(shard_group(), send, b.gathered, 0);
@@ -351,6 +355,13 @@ void ParamGroup::finish_gather() {
       context->stats.all_gather_wait_seconds += detail::seconds_since(t0);
     }
     TraceSpan span("fsdp_unpack_parameters", "compute");
+    // The gathered parameters' memory comes back only now, so a prefetched module
+    // holds one copy (the all-gather's output) until its turn, not two.
+    if (!b.unsharded.defined()) {
+      b.unsharded = Tensor::empty({b.layout.unsharded_numel()}, b.param_dtype, b.device);
+    } else {
+      b.unsharded.storage()->restore_memory();
+    }
     b.layout.unpack(b.gathered, b.unsharded);
     b.gathered = Tensor();
     b.gather = Work();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -118,7 +119,21 @@ struct Context {
   };
   std::deque<Reduction> reductions;
   FSDPStats stats;
+  // Set while something else writes the shards (a DelayedUpdate's optimizer step on its
+  // thread): waits until it is done. Called before any read or write of the shards.
+  std::function<void()> shard_writer;
 };
+
+inline void await_shard_writer(Context& ctx) {
+  if (ctx.shard_writer) ctx.shard_writer();
+}
+
+// The group fully_shard made for `module` (null when none; per rank).
+std::shared_ptr<ParamGroup> group_of(const nn::Module* module);
+// Copies every offloaded shard of `group`'s tree to its device copy now, so that the
+// next gathers read these values whatever happens to the shards until then (a delayed
+// update refreshes the copies and then lets its optimizer step write the shards).
+void refresh_device_shards(ParamGroup& group);
 
 // The forward hooks of a group's module.
 void pre_forward(const std::shared_ptr<ParamGroup>& group);

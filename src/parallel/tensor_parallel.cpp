@@ -66,7 +66,14 @@ void place_parameter(nn::Module& module, const std::string& local_name, int dim,
     mark_replaced(param, "'" + (path.empty() ? name : path + "." + name) +
                              "' was re-laid out by parallelize_module over " + param.mesh().names()[dim]);
     NoGradGuard no_grad;
-    module.set_parameter(name, param.redistribute(want));
+    DistTensor placed = param.redistribute(want);
+    // A shard taken from a replicated parameter views the whole of it: copied, so the
+    // rank keeps its shard's bytes, not the full weight's.
+    const Tensor local = placed.to_local();
+    if (local.storage() && local.nbytes() < local.storage()->bytes()) {
+      placed = DistTensor::from_local(local.clone(), placed.mesh(), placed.placements(), placed.shape());
+    }
+    module.set_parameter(name, placed);
     return;
   }
 }

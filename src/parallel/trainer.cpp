@@ -1,6 +1,8 @@
 // The training step.
 #include "dtensor/parallel/trainer.h"
 
+#include "dtensor/parallel/delayed_update.h"
+
 #include <chrono>
 #include <cmath>
 
@@ -8,6 +10,7 @@
 #include "dtensor/nn/layers.h"
 #include "dtensor/nn/moe.h"
 #include "dtensor/ops.h"
+#include "dtensor/parallel/delayed_update.h"
 #include "dtensor/trace.h"
 #include "util/check.h"
 
@@ -40,7 +43,16 @@ Trainer::Trainer(Optimizer& optimizer, TrainerOptions options) : optimizer_(opti
   DT_CHECK_ARG(options_.clip_grad_norm >= 0 && std::isfinite(options_.clip_grad_norm), "Trainer",
                "expected clip_grad_norm >= 0 (0: off), got ", options_.clip_grad_norm);
   DT_CHECK_ARG(!optimizer_.params().empty(), "Trainer", "the optimizer has no parameters");
+  DT_CHECK_ARG(!options_.delayed_update || &options_.delayed_update->optimizer() == &optimizer_, "Trainer",
+               "option delayed_update steps another optimizer than the trainer's");
   if (options_.loss_scaling) scaler_.emplace(*options_.loss_scaling);
+}
+
+double Trainer::start_lr(int64_t step) {
+  if (!options_.schedule) return optimizer_.lr();
+  // A delayed update may be running with the previous step's rate: set this one later.
+  if (options_.delayed_update) return options_.schedule->lr_at(step);
+  return options_.schedule->apply(optimizer_, step);
 }
 
 StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
@@ -51,7 +63,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   {
     TraceSpan step_span("step", "train");
     reset_peaks();
-    report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
+    report.stats.lr = start_lr(step);
     const int64_t accum = options_.grad_accum;
     for (int64_t micro = 0; micro < accum; ++micro) {
       DistTensor loss;
@@ -96,7 +108,7 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
   {
     TraceSpan step_span("step", "train");
     reset_peaks();
-    report.stats.lr = options_.schedule ? options_.schedule->apply(optimizer_, step) : optimizer_.lr();
+    report.stats.lr = start_lr(step);
     // The pipeline weighs each micro-batch's auxiliary losses by its own weight on top.
     const nn::AuxLossScale aux_scale(scaler_ ? scaler_->scale_value() : 1.0);
     report.stats.loss = runner.run(
@@ -122,7 +134,12 @@ void Trainer::finish_step(StepReport& report, MicroBatchRunner* runner) {
       report.grad_norm = runner ? clip_grad_norm(params, options_.clip_grad_norm, runner->grad_norm(params))
                                 : clip_grad_norm(params, options_.clip_grad_norm);
     }
-    optimizer_.step();
+    if (options_.delayed_update) {
+      if (options_.schedule) optimizer_.set_lr(*report.stats.lr);  // waits for the update in flight
+      options_.delayed_update->step();
+    } else {
+      optimizer_.step();
+    }
   }
   if (scaler_) scaler_->update();
   optimizer_.zero_grad();

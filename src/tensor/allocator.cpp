@@ -52,6 +52,10 @@ int64_t cached_memory_bytes() { return backend::cpu::cached_bytes(); }
 void release_cached_memory() { backend::cpu::release_cached_blocks(); }
 void reset_peak_memory(Device device) { counter_for(device)->reset_peak(); }
 
+std::shared_ptr<RankMemoryCounters> current_memory_counters() {
+  return thread_counters ? thread_counters : process_counters();
+}
+
 ScopedMemoryCounters::ScopedMemoryCounters(std::shared_ptr<RankMemoryCounters> counters)
     : previous_(std::move(thread_counters)) {
   thread_counters = std::move(counters);

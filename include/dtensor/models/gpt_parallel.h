@@ -71,6 +71,15 @@ struct GPTParallelOptions {
   double offload_fraction = 1.0;
   // FSDP mixed precision: parameters gathered in this dtype, gradients reduced in F32.
   std::optional<DType> fsdp_param_dtype;
+  // FSDP's gathered working set (ZeRO-3): the unit (Block: each block one fully_shard
+  // unit; Layer: a block's attention and its feed-forward each their own, the norms
+  // the block's, halving the largest gathered unit for twice the collectives), the
+  // prefetch depth (FSDPOptions::prefetch) and whether blocks reshard after forward
+  // (unset: FSDP's default, yes but the root).
+  enum class FSDPUnit { Block, Layer };
+  FSDPUnit fsdp_unit = FSDPUnit::Block;
+  int fsdp_prefetch = 1;
+  std::optional<bool> fsdp_reshard_after_forward;
   // With a "cp" mesh dim: context parallelism. The sequence is sharded over cp in
   // the load-balanced order by default (distribute_batch puts a batch in it; run the
   // steps inside a ContextParallelScope of context_parallel()); attention is ring or

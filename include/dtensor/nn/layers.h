@@ -186,6 +186,10 @@ class TransformerBlock : public Module {
                    std::pair<std::string, std::shared_ptr<Module>> feed_forward = {});
   DistTensor forward(const DistTensor& x) override;
 
+  // The two layers (for wrapping each on its own: FSDP units, activation checkpointing).
+  SelfAttention& attention() const { return *attn_; }
+  Module& feed_forward() const { return *mlp_; }
+
  private:
   std::shared_ptr<Module> norm1_, norm2_;
   std::shared_ptr<SelfAttention> attn_;

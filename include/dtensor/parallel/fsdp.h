@@ -33,9 +33,9 @@
 // backward all-gather (1.5x DDP).
 //
 // Overlap: in forward, a module's pre-forward hook waits for its all-gather and starts
-// the next module's (the order is recorded in the first step); in backward, a node on
-// the module's output runs before the module's backward, gathers it again and starts
-// the all-gather of the module backward visits next. A module's gradients are packed
+// the next modules' (`prefetch` of them; the order is recorded in the first step); in
+// backward, a node on the module's output runs before the module's backward, gathers
+// it again and starts the all-gathers of the modules backward visits next. A module's gradients are packed
 // into one buffer and reduce-scattered asynchronously while backward goes on; the
 // previous module's reduce-scatter is finished then (one in flight), the last at the
 // end of backward (autograd::queue_callback), so gradients are in place when
@@ -95,8 +95,12 @@ struct FSDPOptions {
   MixedPrecisionPolicy mixed_precision;
   std::string shard_dim = "dp";  // the mesh dim the parameters are sharded over
   std::string replicate_dim;     // HSDP: the mesh dim across replica groups ("": none)
-  // Start the next module's all-gather while this one computes (forward and backward).
-  bool prefetch = true;
+  // Prefetch depth: while a module computes, the all-gathers of the next `prefetch`
+  // modules (in the order the first step recorded, forward and backward) are in
+  // flight. 0 gathers each module when its turn comes (the smallest working set: one
+  // gathered module), 1 overlaps the next gather (the default), 2 hides a gather that
+  // takes longer than one module's compute at the cost of one more gathered module.
+  int prefetch = 1;
   // Optimizer state, master weights and gradients on the host (above); stages 2 and 3.
   std::optional<OffloadPolicy> offload;
 };

@@ -53,6 +53,8 @@ struct StepStats {
 
 namespace dtensor::parallel {
 
+class DelayedUpdate;  // delayed_update.h
+
 // What synchronises gradients across data-parallel ranks (DDP, FSDP).
 class GradientSync {
  public:
@@ -97,6 +99,10 @@ struct TrainerOptions {
   std::optional<LossScalerOptions> loss_scaling;  // dynamic loss scaling (for F16)
   const LRSchedule* schedule = nullptr;           // sets the learning rate of every step
   GradientSync* sync = nullptr;                   // DDP or FSDP; null: no data parallelism
+  // Steps the optimizer through it (one step stale after its warm-up; its optimizer
+  // must be the trainer's). The schedule's learning rate is then set just before the
+  // step, not at the start, so that it does not wait for the update in flight.
+  DelayedUpdate* delayed_update = nullptr;
   int64_t tokens_per_step = 0;                    // of the whole job, for StepStats::tokens
 };
 
@@ -132,6 +138,8 @@ class Trainer {
   // The step after its micro-batches: synchronisation, overflow check, clipping,
   // the optimizer and the report. `runner` is null for the plain loop.
   void finish_step(StepReport& report, MicroBatchRunner* runner);
+  // The learning rate of `step`, set on the optimizer now unless a delayed update sets it later.
+  double start_lr(int64_t step);
 
   Optimizer& optimizer_;
   TrainerOptions options_;
