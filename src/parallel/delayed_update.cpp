@@ -117,9 +117,12 @@ DelayedUpdate::~DelayedUpdate() {
   }
 }
 
-void DelayedUpdate::step() {
+void DelayedUpdate::step() { step(state_->stats.steps); }
+
+void DelayedUpdate::step(int64_t index) {
   State& s = *state_;
-  const int64_t index = s.stats.steps++;
+  DT_CHECK_ARG(index >= 0, kOp, "step: expected a step index >= 0, got ", index);
+  ++s.stats.steps;
   s.join();
   if (index < s.options.warmup_steps) {
     s.optimizer->step();

@@ -58,6 +58,7 @@ double Trainer::start_lr(int64_t step) {
 StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   Tracer::begin_step(step);
   StepReport report;
+  report.stats.step = step;  // finish_step reads it
   DistTensor step_loss;  // F64, the micro-batch losses summed in their own layout
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -89,7 +90,6 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
     }
     finish_step(report, nullptr);
   }
-  report.stats.step = step;
   report.stats.loss = step_loss.full_tensor().item<double>();
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;
@@ -104,6 +104,7 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
                "grad_accum 1 and no sync, got grad_accum ", options_.grad_accum, options_.sync ? " and a sync" : "");
   Tracer::begin_step(step);
   StepReport report;
+  report.stats.step = step;  // finish_step reads it
   const auto t0 = std::chrono::steady_clock::now();
   {
     TraceSpan step_span("step", "train");
@@ -115,7 +116,6 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
         step, [&](const DistTensor& loss) { return scaler_ ? scaler_->scale(loss) : loss; }, options_.compute_dtype);
     finish_step(report, &runner);
   }
-  report.stats.step = step;
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;
   gather_peaks(runner.group(), report.stats);
@@ -136,7 +136,7 @@ void Trainer::finish_step(StepReport& report, MicroBatchRunner* runner) {
     }
     if (options_.delayed_update) {
       if (options_.schedule) optimizer_.set_lr(*report.stats.lr);  // waits for the update in flight
-      options_.delayed_update->step();
+      options_.delayed_update->step(report.stats.step);
     } else {
       optimizer_.step();
     }

@@ -77,6 +77,9 @@ class DelayedUpdate {
   // in the background after the previous one lands (above). An exception thrown by the
   // background update is rethrown here (or by whatever waited for it).
   void step();
+  // The same for the step of this (0-based) index in the whole run, which decides the
+  // warm-up: a run resumed from a checkpoint passes its own step numbers (Trainer does).
+  void step(int64_t index);
   // Lands the update in flight and refreshes the device copies; idempotent.
   void finish();
   bool in_flight() const;
