@@ -10,7 +10,8 @@
 #         42 test programs compile at ~2.4x their release cost and run 6.4 CPU-min.
 #   tsan  GCC with -fsanitize=thread, without MPI: the multi-rank suites of the
 #         threads backend (communication, faults, meshes, redistribution, checkpoints
-#         with their asynchronous saver thread) and
+#         with their asynchronous saver thread, ZeRO-Offload with the delayed update's
+#         optimizer thread) and
 #         TSAN_STRESS_SECONDS (60) of the stress test.
 # Any report fails the job. `run-sanitizers.sh asan` or `tsan` runs one.
 set -euo pipefail
@@ -60,11 +61,11 @@ if [ "$which" = all ] || [ "$which" = tsan ]; then
   echo "== TSan (gcc) $(date +%T)"
   CC=gcc CXX=g++ cmake -S . -B build-tsan "${common[@]}" -DDTENSOR_SANITIZE=thread -DDTENSOR_WITH_MPI=OFF >/dev/null
   cmake --build build-tsan -j "$jobs" --target test_comm_threads test_comm_faults test_device_mesh test_redistribute \
-    test_stress test_checkpoint
+    test_stress test_checkpoint test_fsdp
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
   export DTENSOR_STRESS_SECONDS=${TSAN_STRESS_SECONDS:-60}
   (cd build-tsan && ctest --output-on-failure --timeout 900 -j "$jobs" \
-    -R '^(Comm/|CommThreads\.|CommFaults\.|DeviceMesh\.|Redistribute\.|Checkpoint[A-Za-z]*\.|stress$)' \
+    -R '^(Comm/|CommThreads\.|CommFaults\.|DeviceMesh\.|Redistribute\.|Checkpoint[A-Za-z]*\.|FsdpOffload\.|stress$)' \
     -E '^Redistribute\.Sampled2x2x2$')
 fi
 echo "== sanitizers done $(date +%T)"

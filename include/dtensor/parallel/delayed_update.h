@@ -64,7 +64,8 @@ struct DelayedUpdateStats {
 class DelayedUpdate {
  public:
   // `model`: a module that fully_shard (with offload) was applied to, or one holding
-  // such modules (each pipeline stage's, say). Local: no communication.
+  // such modules (each pipeline stage's, say). Local: no communication. The optimizer
+  // must outlive this object (declare it first), whose destructor waits for its step.
   DelayedUpdate(Optimizer& optimizer, nn::Module& model, DelayedUpdateOptions options = {});
   DelayedUpdate(Optimizer& optimizer, const std::vector<nn::Module*>& models, DelayedUpdateOptions options = {});
   // Waits for the update in flight (an error in it is reported on stderr: a destructor
