@@ -15,8 +15,8 @@
 // all feed the output): it gathers the parameters again into their restored storage,
 // which the saved views of the autograd graph share, and starts the next module's
 // all-gather. The all-gather node runs after the last use of the module's
-// parameters: it packs their gradients into one rank-major buffer, starts one
-// reduce-scatter and frees the gathered parameters again. Reductions finish one
+// parameters: it frees the gathered parameters again, packs their gradients into one
+// rank-major buffer and starts one reduce-scatter. Reductions finish one
 // module later, the last at the end of backward (autograd::queue_callback).
 #include "parallel/fsdp_group.h"
 
@@ -183,6 +183,9 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
   // One reduction in flight: the previous module's finishes now, after this module's
   // backward has run beside it, and before this module's packed gradients take memory.
   if (g.sync) progress_reductions(ctx, false);
+  // The module's backward is over (this node runs after every use of its gathered
+  // parameters): they go before the packed gradients are allocated, not after.
+  if (g.reshard_after_backward && g.sync) g.reshard();
   for (size_t bi = 0; bi < g.buckets.size(); ++bi) {
     ParamGroup::Bucket& b = g.buckets[bi];
     bool any = b.grad_holds_sum;
@@ -222,7 +225,6 @@ void reduce_gradients(const std::shared_ptr<ParamGroup>& gp, const std::vector<D
     ctx.reductions.push_back(std::move(r));
     b.send_stale = true;  // the optimizer updates the shards after this backward
   }
-  if (g.reshard_after_backward && g.sync) g.reshard();
 }
 
 void pre_backward(const std::shared_ptr<ParamGroup>& gp) {
