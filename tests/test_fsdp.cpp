@@ -202,9 +202,14 @@ TrainRun train(const Setup& s) {
       if (s.delayed_warmup && !root) {
         // The definition: step k's gradients update the parameters after step k + 1's
         // forward and backward.
-        const DistTensor loss = loss_of(step, 0);
-        loss.backward();
-        losses.push_back(loss.full_tensor().item<double>());
+        double step_loss = 0;
+        for (int64_t m = 0; m < s.accum; ++m) {
+          const DistTensor loss = div(loss_of(step, m), static_cast<double>(s.accum));
+          loss.backward();
+          step_loss += loss.full_tensor().item<double>();
+        }
+        losses.push_back(step_loss);
+        if (s.clip > 0) clip_grad_norm(optimizer->params(), s.clip);
         std::vector<DistTensor> grads;
         for (const DistTensor& p : optimizer->params()) grads.push_back(p.grad());
         if (step < *s.delayed_warmup) {
@@ -359,6 +364,26 @@ TEST(FsdpOffload, DelayedUpdateIsOneStepStaleAfterItsWarmup) {
     }
     EXPECT_GT(std::abs(got.losses[warmup + 1] - undelayed.losses[warmup + 1]), 1e-4) << what;
   }
+}
+
+TEST(FsdpOffload, DelayedUpdateWithAccumulationAndClippingAndBf16) {
+  const int64_t warmup = 2;
+  const TrainRun want = train({.accum = 2, .clip = 0.5, .steps = 6, .delayed_warmup = warmup});
+  parallel::FSDPOptions offload = stage(3);
+  offload.offload = parallel::OffloadPolicy{};
+  const TrainRun got =
+      train({.world = 2, .fsdp = offload, .accum = 2, .clip = 0.5, .steps = 6, .delayed_warmup = warmup});
+  dtensor::testing::expect_equivalent(got, want, "delayed update, accumulation 2, clipping 0.5");
+  // BF16 gathers and reductions: against the same run on 4 ranks (the one-rank reference
+  // computes in F32).
+  offload.mixed_precision = {.param_dtype = DType::BF16, .reduce_dtype = DType::BF16};
+  const TrainRun two = train({.world = 2, .fsdp = offload, .steps = 6, .delayed_warmup = warmup});
+  const TrainRun four = train({.world = 4, .fsdp = offload, .steps = 6, .delayed_warmup = warmup});
+  ASSERT_EQ(two.losses.size(), four.losses.size());
+  for (size_t i = 0; i < two.losses.size(); ++i) {
+    EXPECT_NEAR(two.losses[i], four.losses[i], 2e-2 * two.losses[i]) << "BF16 step " << i;
+  }
+  EXPECT_EQ(four.delayed.delayed_steps, 6 - warmup);
 }
 
 TEST(FsdpOffload, DelayedUpdateLandsBeforeAnythingReadsTheShards) {
