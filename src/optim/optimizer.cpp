@@ -104,9 +104,7 @@ void Optimizer::step() {
   grads.reserve(params_.size());
   for (const DistTensor& p : params_) grads.push_back(gradient_in_param_layout(p));
   const std::unique_lock<std::mutex> lock = lock_when_idle();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (grads[i].defined()) update_one(i, grads[i]);
-  }
+  apply(grads);
 }
 
 void Optimizer::step(const std::vector<DistTensor>& grads) {

@@ -19,19 +19,16 @@ namespace dtensor::parallel {
 
 namespace {
 const char* kOp = "DelayedUpdate";
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 }  // namespace
+
+using detail::seconds_since;
 
 struct DelayedUpdate::State {
   Optimizer* optimizer = nullptr;
   DelayedUpdateOptions options;
-  // The FSDP trees whose shards the optimizer writes: their contexts (the gate) and
-  // roots (the device copies to refresh).
+  // The FSDP trees whose shards the optimizer writes (each context: the gate, and its
+  // root: the device copies to refresh).
   std::vector<std::weak_ptr<detail::Context>> contexts;
-  std::vector<std::weak_ptr<detail::ParamGroup>> roots;
   std::thread worker;
   std::exception_ptr error;   // of the background update, rethrown on the rank's thread
   double worker_seconds = 0;  // written by the worker, read after join
@@ -49,8 +46,11 @@ struct DelayedUpdate::State {
   }
 
   void refresh() {
-    for (const std::weak_ptr<detail::ParamGroup>& weak : roots) {
-      if (const std::shared_ptr<detail::ParamGroup> root = weak.lock()) detail::refresh_device_shards(*root);
+    for (const std::weak_ptr<detail::Context>& c : contexts) {
+      const std::shared_ptr<detail::Context> ctx = c.lock();
+      if (const std::shared_ptr<detail::ParamGroup> root = ctx ? ctx->root.lock() : nullptr) {
+        detail::refresh_device_shards(*root);
+      }
     }
   }
 };
@@ -78,8 +78,8 @@ DelayedUpdate::DelayedUpdate(Optimizer& optimizer, const std::vector<nn::Module*
         for (const detail::ParamGroup::Param& p : group->params) offloaded.insert(p.sharded.impl().get());
       }
       if (seen.insert(group->context.get()).second) {
+        DT_CHECK_ARG(!group->context->shard_writer, kOp, "the model's FSDP modules already have a DelayedUpdate");
         state_->contexts.push_back(group->context);
-        state_->roots.push_back(group->context->root);
       }
     }
     DT_CHECK_ARG(any, kOp, "module '", model->path(),
@@ -98,7 +98,6 @@ DelayedUpdate::DelayedUpdate(Optimizer& optimizer, const std::vector<nn::Module*
   const std::weak_ptr<State> weak = state_;
   for (const std::weak_ptr<detail::Context>& c : state_->contexts) {
     if (const std::shared_ptr<detail::Context> ctx = c.lock()) {
-      DT_CHECK_ARG(!ctx->shard_writer, kOp, "the model's FSDP modules already have a DelayedUpdate");
       ctx->shard_writer = [weak] {
         if (const std::shared_ptr<State> s = weak.lock()) s->join();
       };

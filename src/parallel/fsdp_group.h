@@ -4,6 +4,7 @@
 // the public API.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -128,6 +129,8 @@ inline void await_shard_writer(Context& ctx) {
   if (ctx.shard_writer) ctx.shard_writer();
 }
 
+// Seconds from t0 to now.
+double seconds_since(std::chrono::steady_clock::time_point t0);
 // The group fully_shard made for `module` (null when none; per rank).
 std::shared_ptr<ParamGroup> group_of(const nn::Module* module);
 // Copies every offloaded shard of `group`'s tree to its device copy now, so that the

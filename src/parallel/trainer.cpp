@@ -1,8 +1,6 @@
 // The training step.
 #include "dtensor/parallel/trainer.h"
 
-#include "dtensor/parallel/delayed_update.h"
-
 #include <chrono>
 #include <cmath>
 

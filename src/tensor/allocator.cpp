@@ -18,8 +18,12 @@ std::shared_ptr<RankMemoryCounters>& process_counters() {
 // The calling rank's counters; null means the process-wide ones.
 thread_local std::shared_ptr<RankMemoryCounters> thread_counters;
 
+const std::shared_ptr<RankMemoryCounters>& calling_counters() {
+  return thread_counters ? thread_counters : process_counters();
+}
+
 const std::shared_ptr<MemoryCounter>& counter_for(Device device) {
-  const auto& counters = thread_counters ? thread_counters : process_counters();
+  const auto& counters = calling_counters();
   if (device.is_cuda()) return counters->cuda;
   if (device.index < 0 || device.index >= Device::kCpuDevices) {
     throw std::invalid_argument("[memory] no device " + device.to_string() +
@@ -52,9 +56,7 @@ int64_t cached_memory_bytes() { return backend::cpu::cached_bytes(); }
 void release_cached_memory() { backend::cpu::release_cached_blocks(); }
 void reset_peak_memory(Device device) { counter_for(device)->reset_peak(); }
 
-std::shared_ptr<RankMemoryCounters> current_memory_counters() {
-  return thread_counters ? thread_counters : process_counters();
-}
+std::shared_ptr<RankMemoryCounters> current_memory_counters() { return calling_counters(); }
 
 ScopedMemoryCounters::ScopedMemoryCounters(std::shared_ptr<RankMemoryCounters> counters)
     : previous_(std::move(thread_counters)) {
