@@ -494,6 +494,10 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       return gpt->model()->loss(ids, targets);
     });
     if (log) log->step(report.stats);
+    // DTENSOR_PLAN=step: what the first step recorded and planned, and any step that
+    // did not replay the plan.
+    if (log && report.plan && report.plan->phase != StepPlanReport::Phase::Replayed)
+      log->note(report.plan->to_string());
     const int64_t done = step + 1;
     if (checkpoints && ((s.save_every > 0 && done % s.save_every == 0) || done == s.steps)) {
       state.step = done;

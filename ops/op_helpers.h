@@ -31,7 +31,8 @@ DistTensor run_einsum_lazy(const char* op, const std::vector<int64_t>& attribute
   TraceSpan span(op, "op");
   dispatch::common_mesh(inputs, op);
   const dispatch::Strategy& strategy = dispatch::cached_strategy(
-      op, attributes, inputs, [&] { return dispatch::einsum_strategies(spec_fn(), inputs, out_shape); });
+      op, attributes, inputs,
+      [&](const std::vector<DistTensor>& in) { return dispatch::einsum_strategies(spec_fn(), in, out_shape); });
   return run_with_strategy(inputs, strategy, out_shape, local);
 }
 

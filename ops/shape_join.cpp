@@ -105,9 +105,10 @@ std::vector<DistTensor> split_as(const DistTensor& a, const std::vector<int64_t>
   const DeviceMesh& mesh = a.mesh();
   std::vector<int64_t> attributes{dim};
   attributes.insert(attributes.end(), sizes.begin(), sizes.end());
-  const dispatch::Strategy& strategy = dispatch::cached_strategy(op, attributes, {a}, [&] {
-    return dispatch::einsum_strategies(along_dim_spec(a.dim(), dim, 1, dispatch::PartialRule::OneOf), {a});
-  });
+  const dispatch::Strategy& strategy =
+      dispatch::cached_strategy(op, attributes, {a}, [&](const std::vector<DistTensor>& in) {
+        return dispatch::einsum_strategies(along_dim_spec(a.dim(), dim, 1, dispatch::PartialRule::OneOf), in);
+      });
   const Tensor local = dispatch::local_inputs(strategy, {a})[0];
   // The split dim is whole locally, so the local pieces have the global sizes there.
   const std::vector<Tensor> pieces = local.split(sizes, dim);

@@ -177,13 +177,13 @@ DistTensor reshape_as(const DistTensor& a, const Shape& requested, const char* o
   if (out == in) return a;
   const ReshapePlan plan = plan_reshape(in, out);
   const DeviceMesh& mesh = a.mesh();
-  const dispatch::Strategy& strategy = dispatch::cached_strategy("reshape", out, {a}, [&] {
-    std::vector<dispatch::Strategy> strategies = dispatch::einsum_strategies(plan.spec, {a}, out);
-    std::erase_if(strategies, [&](const dispatch::Strategy& s) {
-      return !maps_cleanly(s, plan, in, out, mesh.shape());
-    });
-    return strategies;
-  });
+  const dispatch::Strategy& strategy =
+      dispatch::cached_strategy("reshape", out, {a}, [&](const std::vector<DistTensor>& operands) {
+        std::vector<dispatch::Strategy> strategies = dispatch::einsum_strategies(plan.spec, operands, out);
+        std::erase_if(strategies,
+                      [&](const dispatch::Strategy& s) { return !maps_cleanly(s, plan, in, out, mesh.shape()); });
+        return strategies;
+      });
   const Tensor local = dispatch::local_inputs(strategy, {a})[0];
   // A sharded output dim is the outermost of its run: it takes whatever the local
   // piece of the run holds; every other output dim is whole.

@@ -46,6 +46,7 @@
 #include "dtensor/redistribute.h"
 #include "dtensor/shape.h"
 #include "dtensor/sharding_rule.h"
+#include "dtensor/step_plan.h"
 #include "dtensor/tensor.h"
 #include "dtensor/tensor_ops.h"
 #include "dtensor/trace.h"

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "dist_tensor/dist_tensor_impl.h"
+#include "dist_tensor/step_plan_hooks.h"
 #include "dtensor/autograd.h"
 #include "dtensor/tensor_ops.h"
 #include "util/check.h"
@@ -52,9 +53,15 @@ DistTensor accumulate(const DistTensor& a, const DistTensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
   if (!a.mesh().is_member()) return a;  // a gradient that lives on other ranks holds nothing here
-  const DistTensor moved = b.placements() == a.placements() ? b : b.redistribute(a.placements());
-  const Tensor sum = add(a.to_local(), moved.to_local());
-  return DistTensor::from_local(sum, a.mesh(), a.placements(), a.shape());
+  DistTensor moved = b;
+  if (b.placements() != a.placements()) {
+    step_plan::InternalMoveScope own_move;  // reported below, with its target's producer
+    moved = b.redistribute(a.placements());
+  }
+  const Tensor sum = add(local_of(a), local_of(moved));
+  DistTensor result = DistTensor::from_local(sum, a.mesh(), a.placements(), a.shape());
+  if (step_plan::active) step_plan::on_accumulate(a, b, result);
+  return result;
 }
 
 // The gradient sink of a leaf: adds into leaf.grad() and runs its hooks.
@@ -67,6 +74,7 @@ class AccumulateGrad final : public autograd::Node {
     if (!impl || !grads[0].defined()) return {};
     const DistTensor leaf(impl);
     auto& meta = ensure_meta(leaf);
+    if (step_plan::active && !meta->grad.defined()) step_plan::on_leaf_gradient(leaf, grads[0]);
     meta->grad = accumulate(meta->grad, grads[0]);
     for (const GradReadyHook& hook : meta->hooks) hook(leaf);
     return {};
@@ -148,6 +156,7 @@ bool needs_grad(const std::vector<DistTensor>& inputs) {
 
 void record(const std::string& name, const std::vector<DistTensor>& inputs,
             std::vector<DistTensor>& outputs, BackwardFn backward) {
+  if (step_plan::active) step_plan::on_boundary();
   if (!needs_grad(inputs)) return;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
   node->sequence_nr = next_sequence_nr++;
@@ -262,6 +271,7 @@ std::vector<DistTensor> apply_node(Node* node, std::vector<DistTensor> grads, co
   WantedInputs* previous = wanted_inputs;
   wanted_inputs = &current;
   std::vector<DistTensor> out;
+  if (step_plan::active) step_plan::on_boundary();
   try {
     out = node->apply(std::move(grads));
   } catch (...) {
@@ -269,6 +279,7 @@ std::vector<DistTensor> apply_node(Node* node, std::vector<DistTensor> grads, co
     throw;
   }
   wanted_inputs = previous;
+  if (step_plan::active) step_plan::on_boundary();
   if (asked) *asked = current.asked;
   out.resize(node->next_edges.size());
   return out;

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "dist_tensor/dist_tensor_impl.h"
+#include "dist_tensor/step_plan_hooks.h"
 #include "placements/planner.h"
 #include "util/check.h"
 
@@ -168,17 +169,8 @@ double deferred_reduction_cost(const Strategy& s, const Shape& out_shape, const 
   return seconds;
 }
 
-// Predicted seconds of moving a tensor of t's shape, dtype and mesh from one layout
-// to another (0 when both name the same layout).
 double move_cost(const DistTensor& t, const Placements& from, const Placements& to) {
-  if (from == to) return 0;
-  const Placements source = redistribution::canonicalize(from, t.dim());
-  const Placements target = redistribution::canonicalize(to, t.dim());
-  if (redistribution::layout_key(source, t.mesh().shape(), t.dim()) ==
-      redistribution::layout_key(target, t.mesh().shape(), t.dim())) {
-    return 0;
-  }
-  return redistribution::find_plan(source, target, t.shape(), t.mesh(), t.dtype())->predicted_seconds;
+  return move_seconds(t.shape(), t.dtype(), t.mesh(), from, to);
 }
 
 // ---- the per-rank cache ------------------------------------------------------------
@@ -211,6 +203,22 @@ bool debug_dispatch() {
 }
 
 }  // namespace
+
+double move_seconds(const Shape& shape, DType dtype, const DeviceMesh& mesh, const Placements& from,
+                    const Placements& to, int* steps) {
+  if (steps) *steps = 0;
+  if (from == to) return 0;
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  const Placements source = redistribution::canonicalize(from, ndim);
+  const Placements target = redistribution::canonicalize(to, ndim);
+  if (redistribution::layout_key(source, mesh.shape(), ndim) ==
+      redistribution::layout_key(target, mesh.shape(), ndim)) {
+    return 0;
+  }
+  const auto plan = redistribution::find_plan(source, target, shape, mesh, dtype);
+  if (steps) *steps = static_cast<int>(plan->steps.size());
+  return plan->predicted_seconds;
+}
 
 std::vector<Strategy> einsum_strategies(const EinsumSpec& spec, const std::vector<DistTensor>& inputs,
                                         const std::optional<Shape>& known_out_shape) {
@@ -318,7 +326,7 @@ std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<Dis
   for (size_t j = 0; j < inputs.size(); ++j) {
     const Placements& want = strategy.inputs[j];
     if (inputs[j].placements() == want) {
-      locals.push_back(inputs[j].to_local());
+      locals.push_back(local_of(inputs[j]));
       continue;
     }
     if (active_memo) {
@@ -327,7 +335,8 @@ std::vector<Tensor> local_inputs(const Strategy& strategy, const std::vector<Dis
         continue;
       }
     }
-    locals.push_back(inputs[j].redistribute(want).to_local());
+    step_plan::InternalMoveScope own_move;  // the op's own move, priced with the op
+    locals.push_back(local_of(inputs[j].redistribute(want)));
     if (active_memo) active_memo->add(inputs[j], want, locals.back());
   }
   return locals;
@@ -370,6 +379,17 @@ const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
   return strategy_cache.emplace(scratch_key, std::move(strategies[chosen])).first->second;
 }
 
+bool step_open() { return step_plan::active != nullptr; }
+
+const Strategy& planned(std::string_view op, const std::vector<int64_t>& attributes,
+                        const std::vector<DistTensor>& inputs, const Builder& build, bool plannable) {
+  return step_plan::dispatch(op, attributes, inputs, build, plannable);
+}
+
+void trace(std::string_view op, const Strategy& s, const std::vector<DistTensor>& inputs, std::string_view note) {
+  if (active_trace) active_trace->add(describe(op, s, inputs) + std::string(note));
+}
+
 }  // namespace detail
 
 DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
@@ -379,6 +399,7 @@ DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& p
   impl->mesh = mesh;
   impl->placements = placements;
   impl->global_shape = global_shape;
+  if (step_plan::active) step_plan::on_wrap(*impl);
   return DistTensor(std::move(impl));
 }
 

@@ -92,9 +92,14 @@ class MoveMemo {
 };
 
 // Cached strategy choice. `attributes` distinguishes calls of one op that need
-// different strategies (dims, keepdim, ...). `build` (returning the candidate
-// strategies) runs only on a miss, so a hit costs one hash lookup and no
-// allocation.
+// different strategies (dims, keepdim, ...). `build(inputs)` returns the candidate
+// strategies for inputs of those shapes and layouts; it runs only on a miss, so a hit
+// costs one hash lookup and no allocation. While a PlannedStep is open
+// (dtensor/step_plan.h) the step's plan chooses instead, and `build` is also asked
+// what the op offers for other layouts of its inputs. `plannable` is false for ops
+// whose backward is not itself dispatched (it derives layouts from the forward
+// strategy): a plan keeps their recorded strategy.
+using Builder = std::function<std::vector<Strategy>(const std::vector<DistTensor>&)>;
 namespace detail {
 // Fills this rank's scratch key for (op, attributes, inputs) and looks it up.
 const Strategy* lookup(std::string_view op, const std::vector<int64_t>& attributes,
@@ -102,14 +107,29 @@ const Strategy* lookup(std::string_view op, const std::vector<int64_t>& attribut
 // Chooses among `strategies` and caches the choice under the scratch key.
 const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
                        const std::vector<DistTensor>& inputs);
+// True while this rank has a PlannedStep open.
+bool step_open();
+const Strategy& planned(std::string_view op, const std::vector<int64_t>& attributes,
+                        const std::vector<DistTensor>& inputs, const Builder& build, bool plannable);
+// Adds a decision to the active DispatchTrace (if any), with `note` appended.
+void trace(std::string_view op, const Strategy& s, const std::vector<DistTensor>& inputs, std::string_view note);
 }  // namespace detail
 
 template <class Build>
 const Strategy& cached_strategy(std::string_view op, const std::vector<int64_t>& attributes,
-                                const std::vector<DistTensor>& inputs, Build&& build) {
+                                const std::vector<DistTensor>& inputs, Build&& build, bool plannable = true) {
+  if (detail::step_open()) [[unlikely]] {
+    return detail::planned(op, attributes, inputs, Builder(std::ref(build)), plannable);
+  }
   if (const Strategy* hit = detail::lookup(op, attributes, inputs)) return *hit;
-  return detail::insert(op, build(), inputs);
+  return detail::insert(op, build(inputs), inputs);
 }
+
+// Predicted seconds of moving a tensor of `shape` and `dtype` on `mesh` from one
+// layout to another under the redistribution planner's model (0 for the same layout);
+// `steps`, if given, receives the number of transforms (collectives or local steps).
+double move_seconds(const Shape& shape, DType dtype, const DeviceMesh& mesh, const Placements& from,
+                    const Placements& to, int* steps = nullptr);
 
 // Wraps a local result as a DistTensor (no checks: the rule guarantees the layout).
 DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "dist_tensor/dist_tensor_impl.h"
+#include "dist_tensor/step_plan_hooks.h"
 #include "dtensor/error.h"
 #include "mesh/mesh_index.h"
 #include "util/check.h"
@@ -25,7 +26,11 @@ std::string sizes_string(const std::vector<int64_t>& sizes) { return shape_to_st
 
 }  // namespace
 
-const Tensor& DistTensor::to_local() const { return defined_impl(impl_, "DistTensor::to_local").local; }
+const Tensor& DistTensor::to_local() const {
+  const Impl& impl = defined_impl(impl_, "DistTensor::to_local");
+  if (step_plan::active && impl.plan_tag != 0) step_plan::on_observe(impl);
+  return impl.local;
+}
 const Shape& DistTensor::shape() const { return defined_impl(impl_, "DistTensor::shape").global_shape; }
 int64_t DistTensor::size(int64_t dim) const {
   const Shape& s = shape();

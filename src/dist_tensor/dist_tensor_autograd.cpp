@@ -40,10 +40,11 @@ void DistTensor::zero_grad() const {
 
 DistTensor DistTensor::detach() const {
   auto impl = std::make_shared<Impl>();
-  impl->local = to_local();
+  impl->local = local_of(*this);
   impl->mesh = mesh();
   impl->placements = placements();
   impl->global_shape = shape();
+  impl->plan_tag = impl_ ? impl_->plan_tag : 0;  // the same tensor: a plan moves both
   return DistTensor(std::move(impl));
 }
 

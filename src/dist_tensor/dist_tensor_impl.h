@@ -32,6 +32,14 @@ struct DistTensor::Impl {
   Placements placements;  // normalized
   Shape global_shape;
   std::shared_ptr<AutogradMeta> autograd;  // null unless gradients are involved
+  // The recorded op that made it, while a PlannedStep records (step_plan.cpp): the
+  // recording's serial in the high 32 bits, the op's index + 1 in the low; 0 for none.
+  uint64_t plan_tag = 0;
 };
+
+// The local shard, read by library code that handles every layout (redistribution,
+// dispatch's own moves, autograd's sums): unlike DistTensor::to_local(), it does not
+// pin the tensor's layout in a step being planned.
+inline const Tensor& local_of(const DistTensor& t) { return t.impl()->local; }
 
 }  // namespace dtensor

@@ -4,6 +4,7 @@
 
 #include "comm/call_context.h"
 #include "dist_tensor/dist_tensor_impl.h"
+#include "dist_tensor/step_plan_hooks.h"
 #include "dtensor/autograd.h"
 #include "dtensor/dist_tensor.h"
 #include "placements/cross_mesh.h"
@@ -98,13 +99,14 @@ static DistTensor record_redistribute(DistTensor out, const DistTensor& source) 
 
 DistTensor DistTensor::redistribute(const Placements& placements) const {
   const Placements to = checked_target(*this, placements);
+  if (step_plan::active) step_plan::on_redistribute(*this, to);
   // Ranks outside the mesh take no part; their tensor only changes its layout.
   if (!mesh().is_member()) return record_redistribute(elsewhere(mesh(), to, shape(), dtype()), *this);
-  if (same_layout(*this, to)) return record_redistribute(wrap(to_local(), *this, to), *this);
+  if (same_layout(*this, to)) return record_redistribute(wrap(local_of(*this), *this, to), *this);
   std::shared_ptr<const Plan> plan = find_plan(this->placements(), to, shape(), mesh(), dtype());
   const std::string name = call_name(*this, to);
   comm::UserCallScope scope(name);
-  return record_redistribute(wrap(run_steps(to_local(), *this, *plan, 0), *this, to), *this);
+  return record_redistribute(wrap(run_steps(local_of(*this), *this, *plan, 0), *this, to), *this);
 }
 
 // Across meshes over one world: Partials are resolved on the source mesh, the
@@ -119,6 +121,8 @@ DistTensor DistTensor::redistribute(const DeviceMesh& mesh, const Placements& pl
                this->mesh().to_string(), " is over ", this->mesh().world().name(), ", the target mesh ",
                mesh.to_string(), " over ", mesh.world().name());
   const Placements to = redistribution::canonicalize(validate_placements(placements, mesh.ndim(), dim(), op), dim());
+  if (step_plan::active) step_plan::on_pin(*this);
+  step_plan::InternalMoveScope own_moves;
   const Placements from_whole = partials_replicated(this->placements());
   const Placements to_whole = partials_replicated(to);
   // Named in the messages of its calls (mismatched, stuck or deadlocked).
@@ -130,7 +134,7 @@ DistTensor DistTensor::redistribute(const DeviceMesh& mesh, const Placements& pl
   {
     NoGradGuard no_grad;  // one node for the whole move (record_redistribute)
     Tensor source;
-    if (this->mesh().is_member()) source = redistribute(from_whole).to_local();
+    if (this->mesh().is_member()) source = local_of(redistribute(from_whole));
     const Tensor moved = redistribution::cross_mesh_transfer(source, dtype(), shape(), {this->mesh(), from_whole},
                                                              {mesh, to_whole});
     out = mesh.is_member() ? wrap(moved, mesh, to_whole, shape()) : elsewhere(mesh, to_whole, shape(), dtype());
@@ -160,6 +164,7 @@ PendingRedistribute DistTensor::redistribute_async(const Placements& placements)
   auto state = std::make_shared<PendingRedistribute::State>();
   state->source = *this;
   state->to = checked_target(*this, placements);
+  if (step_plan::active) step_plan::on_redistribute(*this, state->to);
   if (!same_layout(*this, state->to)) {
     state->plan = find_plan(this->placements(), state->to, shape(), mesh(), dtype());
     // A plan may have no steps (Partial -> Replicate on a mesh dim of size 1).
@@ -167,7 +172,7 @@ PendingRedistribute DistTensor::redistribute_async(const Placements& placements)
       const auto& step = state->plan->steps.front();
       const std::string name = call_name(*this, state->to);
       comm::UserCallScope scope(name);
-      state->first = transform_for(step.kind).start(to_local(), context_for(*this, step));
+      state->first = transform_for(step.kind).start(local_of(*this), context_for(*this, step));
     }
   }
   return PendingRedistribute(std::move(state));
@@ -178,8 +183,8 @@ DistTensor PendingRedistribute::wait() {
                "wait() called on a finished or empty handle");
   state_->consumed = true;
   const DistTensor& source = state_->source;
-  if (!state_->plan) return wrap(source.to_local(), source, state_->to);
-  if (state_->plan->steps.empty()) return record_redistribute(wrap(source.to_local(), source, state_->to), source);
+  if (!state_->plan) return wrap(local_of(source), source, state_->to);
+  if (state_->plan->steps.empty()) return record_redistribute(wrap(local_of(source), source, state_->to), source);
   const std::string name = call_name(source, state_->to);
   comm::UserCallScope scope(name);
   const Tensor local = run_steps(state_->first.finish(), source, *state_->plan, 1);

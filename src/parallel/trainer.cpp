@@ -44,6 +44,7 @@ Trainer::Trainer(Optimizer& optimizer, TrainerOptions options) : optimizer_(opti
   DT_CHECK_ARG(!options_.delayed_update || &options_.delayed_update->optimizer() == &optimizer_, "Trainer",
                "option delayed_update steps another optimizer than the trainer's");
   if (options_.loss_scaling) scaler_.emplace(*options_.loss_scaling);
+  if (options_.plan.value_or(plan_mode_from_env()) == PlanMode::Step) planner_ = std::make_unique<StepPlanner>();
 }
 
 double Trainer::start_lr(int64_t step) {
@@ -61,6 +62,8 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   const auto t0 = std::chrono::steady_clock::now();
   {
     TraceSpan step_span("step", "train");
+    std::optional<PlannedStep> planned;
+    if (planner_) planned.emplace(*planner_);
     reset_peaks();
     report.stats.lr = start_lr(step);
     const int64_t accum = options_.grad_accum;
@@ -88,6 +91,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
     }
     finish_step(report, nullptr);
   }
+  if (planner_) report.plan = planner_->last_report();
   report.stats.loss = step_loss.full_tensor().item<double>();
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;

@@ -27,11 +27,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "dtensor/amp.h"
 #include "dtensor/optim.h"
+#include "dtensor/step_plan.h"
 
 namespace dtensor {
 
@@ -104,6 +106,10 @@ struct TrainerOptions {
   // step, not at the start, so that it does not wait for the update in flight.
   DelayedUpdate* delayed_update = nullptr;
   int64_t tokens_per_step = 0;                    // of the whole job, for StepStats::tokens
+  // Whole-step layout planning (dtensor/step_plan.h) of the plain loop's steps: the
+  // first step records, later ones replay its plan. Unset: DTENSOR_PLAN. Pipeline
+  // steps (step with a runner) are not planned.
+  std::optional<PlanMode> plan;
 };
 
 struct StepReport {
@@ -112,6 +118,7 @@ struct StepReport {
   StepStats stats;
   std::optional<double> grad_norm;  // when clipping: the norm before clipping
   bool applied = true;              // false: skipped for a non-finite gradient
+  std::optional<StepPlanReport> plan;  // when the step was planned
 };
 
 class Trainer {
@@ -144,6 +151,7 @@ class Trainer {
   Optimizer& optimizer_;
   TrainerOptions options_;
   std::optional<LossScaler> scaler_;
+  std::unique_ptr<StepPlanner> planner_;  // PlanMode::Step
 };
 
 }  // namespace dtensor::parallel

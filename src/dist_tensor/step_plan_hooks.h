@@ -1,0 +1,53 @@
+// What dispatch, redistribute and autograd tell an open PlannedStep (internal; see
+// dtensor/step_plan.h). Every hook is one thread-local test when no step is open.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+#include <vector>
+
+#include "dist_tensor/dispatch.h"
+
+namespace dtensor::step_plan {
+
+struct Recorder;
+extern thread_local Recorder* active;
+
+// A dispatched op while a step is open: the planned strategy on replay, else the
+// greedy one (recorded with the candidates `build` offers for other input layouts).
+const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_t>& attributes,
+                                   const std::vector<DistTensor>& inputs, const dispatch::Builder& build,
+                                   bool plannable);
+// A DistTensor wrapped by dispatch::wrap: the output of the op dispatched last, if
+// nothing else happened since (on_boundary).
+void on_wrap(DistTensor::Impl& impl);
+// Autograd records a function or runs one: wraps that follow belong to no op.
+void on_boundary();
+// A tensor's local shard read outside the dispatch machinery: its layout is seen by
+// code the plan cannot follow, so the op that made it keeps its recorded layout.
+void on_observe(const DistTensor::Impl& impl);
+// `source` moved to `to`: charged to the plan (its layout decides the move's cost).
+// Moves that dispatch makes for an op's inputs are the op's own and are not reported.
+void on_redistribute(const DistTensor& source, const Placements& to);
+// `source` moved across meshes: its producer keeps its recorded layout.
+void on_pin(const DistTensor& source);
+// Autograd summing two gradients of one tensor: `b` is moved to `a`'s layout and the
+// sum `result` has `a`'s layout, whatever the plan makes it.
+void on_accumulate(const DistTensor& a, const DistTensor& b, const DistTensor& result);
+// A leaf's gradient, `grad` for `leaf`: an optimizer will need it in the leaf's layout.
+void on_leaf_gradient(const DistTensor& leaf, const DistTensor& grad);
+
+// While alive, redistributions on this thread are dispatch's own input moves.
+class InternalMoveScope {
+ public:
+  InternalMoveScope();
+  ~InternalMoveScope();
+  InternalMoveScope(const InternalMoveScope&) = delete;
+  InternalMoveScope& operator=(const InternalMoveScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+}  // namespace dtensor::step_plan
