@@ -71,7 +71,8 @@ TEST(DistMpi, TensorParallelMlpForwardAndBackward) {
 
 // Megatron tensor parallelism (and DP x TP on 4 processes) trains a GPT to the same
 // losses and parameters as one rank (threads backend, in this process).
-std::pair<std::vector<double>, std::map<std::string, Tensor>> train_gpt_steps(const DeviceMesh& mesh, bool sp) {
+std::pair<std::vector<double>, std::map<std::string, Tensor>> train_gpt_steps(const DeviceMesh& mesh, bool sp,
+                                                                              bool plan = false) {
   models::GPTConfig config;
   config.vocab = 16;
   config.block_size = 8;
@@ -92,18 +93,70 @@ std::pair<std::vector<double>, std::map<std::string, Tensor>> train_gpt_steps(co
   DistributedSampler sampler(data.size(), 8, two_d ? mesh.coordinate(0) : 0, dp, 5);
   const Placements layout = two_d ? Placements{Shard(0), Replicate()} : Placements{Replicate()};
   std::vector<double> losses;
+  StepPlanner planner;
   for (int step = 0; step < 5; ++step) {
     const TokenBatch batch = data.get_batch(sampler.batch_at(step));
     const DistTensor ids = DistTensor::from_local(batch.inputs, mesh, layout, Shape{8, 8});
     const DistTensor targets = DistTensor::from_local(batch.targets, mesh, layout, Shape{8, 8});
-    const DistTensor loss = model.loss(ids, targets);
-    loss.backward();
-    if (ddp) ddp->wait_for_gradients();
-    optimizer.step();
-    optimizer.zero_grad();
+    DistTensor loss;
+    {
+      std::optional<PlannedStep> scope;
+      if (plan) scope.emplace(planner);
+      loss = model.loss(ids, targets);
+      loss.backward();
+      if (ddp) ddp->wait_for_gradients();
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    if (plan && step > 0)
+      EXPECT_EQ(planner.last_report().phase, StepPlanReport::Phase::Replayed) << planner.last_report().to_string();
     losses.push_back(loss.full_tensor().item<double>());
   }
   return {losses, model.state_dict()};
+}
+
+// The hand-placed MLP (no styles, no redistribute) under a whole-step plan: Megatron's
+// one all-reduce per step in every process, the values of one rank.
+TEST(DistMpi, PlannedHandPlacedMlpRunsMegatronsAllReduce) {
+  Group world = init("mpi");
+  // Weights larger than the activations, as in real models (with smaller weights a
+  // plan gathers them instead, which costs less).
+  const Tensor xf = Tensor::randn({16, 8}, 1), tf = Tensor::randn({16, 8}, 2), w1f = Tensor::randn({64, 8}, 3),
+               w2f = Tensor::randn({8, 64}, 4), b2f = Tensor::randn({8}, 5);
+  auto train = [&](const DeviceMesh& mesh, bool plan) {
+    const bool split = mesh.size() > 1;
+    DistTensor w1 = distribute(w1f, mesh, {split ? Placement(Shard(0)) : Placement(Replicate())}).set_requires_grad();
+    DistTensor w2 = distribute(w2f, mesh, {split ? Placement(Shard(1)) : Placement(Replicate())}).set_requires_grad();
+    DistTensor b2 = distribute(b2f, mesh, {Replicate()}).set_requires_grad();
+    const DistTensor x = distribute(xf, mesh, {Replicate()}), t = distribute(tf, mesh, {Replicate()});
+    AdamW optimizer({w1, w2, b2}, {.lr = 1e-2});
+    StepPlanner planner;
+    std::vector<double> losses;
+    for (int step = 0; step < 4; ++step) {
+      CommDebugMode comm;
+      DistTensor loss;
+      {
+        std::optional<PlannedStep> scope;
+        if (plan) scope.emplace(planner);
+        loss = mean(square(linear(gelu(linear(x, w1)), w2, b2) - t));
+        loss.backward();
+        optimizer.step();
+        optimizer.zero_grad();
+      }
+      if (plan && step > 0) {
+        EXPECT_EQ(comm.count("all_reduce"), 1) << comm.to_string();
+        EXPECT_EQ(comm.total_count(), 1) << comm.to_string();
+      }
+      losses.push_back(loss.full_tensor().item<double>());
+    }
+    return std::make_pair(losses, w2.full_tensor());
+  };
+  std::pair<std::vector<double>, Tensor> reference;
+  launch(1, [&](Group one) { reference = train(DeviceMesh(one, {1}), false); });
+  const auto [losses, w2] = train(DeviceMesh(world, {world.size()}, {"tp"}), true);
+  for (size_t i = 0; i < losses.size(); ++i)
+    EXPECT_NEAR(losses[i], reference.first[i], 1e-5 * (1 + reference.first[i]));
+  EXPECT_TRUE(allclose(w2, reference.second, 1e-4, 1e-5));
 }
 
 TEST(DistMpi, GptTensorParallelMatchesOneRank) {
@@ -113,8 +166,9 @@ TEST(DistMpi, GptTensorParallelMatchesOneRank) {
   std::vector<DeviceMesh> meshes{DeviceMesh(world, {world.size()}, {"tp"})};
   if (world.size() == 4) meshes.emplace_back(world, Shape{2, 2}, std::vector<std::string>{"dp", "tp"});
   for (const DeviceMesh& mesh : meshes) {
-    for (bool sp : {false, true}) {
-      const auto [losses, params] = train_gpt_steps(mesh, sp);
+    for (auto [sp, plan] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+      // plan: the same steps under a whole-step plan (dtensor/step_plan.h).
+      const auto [losses, params] = train_gpt_steps(mesh, sp, plan);
       for (size_t i = 0; i < losses.size(); ++i) {
         EXPECT_NEAR(losses[i], reference.first[i], 1e-5 * reference.first[i]) << mesh.to_string() << " step " << i;
       }
