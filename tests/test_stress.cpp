@@ -2,7 +2,8 @@
 // (2-D and 3-D meshes of 4 to 8 ranks, uneven shapes, Partial sources, nested
 // shards) with an async redistribution in flight while ops (matmul, add, relu, sum)
 // run on other tensors, every result checked against the same computation on full
-// tensors on one rank. DTENSOR_STRESS_SECONDS bounds it (default 20; CI's TSan job
+// tensors on one rank, and again as a recorded and a replayed planned step.
+// DTENSOR_STRESS_SECONDS bounds it (default 20; CI's TSan job
 // runs a shorter bound). Label: stress.
 #include <gtest/gtest.h>
 
@@ -101,11 +102,20 @@ int run_round(const Round& round) {
         continue;  // a layout the library rejects (on every rank alike)
       }
       // Ops while the first step of the redistribution is in flight.
+      // The ops run twice more as a planned step (dtensor/step_plan.h): recorded, then
+      // replayed with every op's strategy chosen for the whole step.
       const DistTensor a = laid_out(a_full, mesh, round.op_layout);
       const DistTensor w = distribute(w_full, mesh, Placements(mesh.ndim(), Replicate()));
-      ASSERT_TRUE(same(matmul(a, w).full_tensor(), matmul(a_full, w_full))) << "matmul, " << what;
-      ASSERT_TRUE(same(relu(add(a, a)).full_tensor(), relu(add(a_full, a_full)))) << "add/relu, " << what;
-      ASSERT_TRUE(same(sum(a, {0}).full_tensor(), sum(a_full, {0}))) << "sum, " << what;
+      StepPlanner planner;
+      for (int run = 0; run < 3; ++run) {
+        std::optional<PlannedStep> step;
+        if (run > 0) step.emplace(planner);
+        const std::string how = run == 0 ? "" : run == 1 ? " (recorded step)" : " (planned step)";
+        ASSERT_TRUE(same(matmul(a, w).full_tensor(), matmul(a_full, w_full))) << "matmul, " << what << how;
+        ASSERT_TRUE(same(relu(add(a, a)).full_tensor(), relu(add(a_full, a_full)))) << "add/relu, " << what << how;
+        ASSERT_TRUE(same(sum(a, {0}).full_tensor(), sum(a_full, {0}))) << "sum, " << what << how;
+      }
+      ASSERT_EQ(planner.last_report().phase, StepPlanReport::Phase::Replayed) << planner.last_report().to_string();
       const DistTensor moved = pending.wait();
       ASSERT_TRUE(same(moved.full_tensor(), full)) << what;
       ASSERT_TRUE(same(source.redistribute(to).to_local(), moved.to_local())) << "sync vs async, " << what;
