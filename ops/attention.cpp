@@ -21,6 +21,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dist_tensor/step_plan_hooks.h"
 #include "ops/attention_context.h"
 #include "ops/nn_helpers.h"
 #include "util/check.h"
@@ -119,6 +120,11 @@ DistTensor scaled_dot_product_attention(const DistTensor& q, const DistTensor& k
     }
   }
   if (cp >= 0) return ops::context::attention(q, k, v, causal, cp, load_balanced, algorithm);
+  for (const DistTensor* t : {&q, &k, &v}) {  // the path depends on the layouts: a plan keeps to it
+    const int64_t dim = t->dim();
+    step_plan::keep_decision(
+        *t, [dim](const Placements& p) { return ops::is_sharded_on(p, dim - 1) || ops::is_sharded_on(p, dim - 2); });
+  }
   if (same_leading_dims(q, k, v) && !sequence_or_head_sharded(q) && !sequence_or_head_sharded(k) &&
       !sequence_or_head_sharded(v)) {
     return fused(q, k, v, causal);

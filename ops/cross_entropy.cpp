@@ -15,6 +15,7 @@
 //   softmax - onehot in the logits' layout.
 // The reduction runs on DistTensors: Mean divides the sum of per-row losses by the
 // global number of targets that are not ignore_index.
+#include "dist_tensor/step_plan_hooks.h"
 #include "ops/nn_helpers.h"
 #include "util/check.h"
 
@@ -63,7 +64,7 @@ DistTensor fused_rows(const DistTensor& logits, const DistTensor& targets, int64
   const Placements logits_layout = placed.strategy.inputs[0];
   const Shape logits_shape = logits.shape();
   return ops::with_grad(rows, kOp, {logits, targets}, [=](const std::vector<DistTensor>& g) {
-    const DistTensor grad = g[0].placements() == out_layout ? g[0] : g[0].redistribute(out_layout);
+    const DistTensor grad = g[0].redistribute(out_layout);  // free when already there
     const Tensor local =
         cross_entropy_backward(grad.to_local().reshape({-1}), logits_2d, targets_1d, LossReduction::None, ignore_index)
             .reshape(logits_local.shape());
@@ -92,7 +93,7 @@ DistTensor pick(const DistTensor& x, const DistTensor& targets) {
   const Placements x_grad_layout = ops::partials_replicated(placed.strategy.inputs[0]);
   const Shape x_shape = x.shape();
   return ops::with_grad(out, "cross_entropy_pick", {x, targets}, [=](const std::vector<DistTensor>& g) {
-    const DistTensor grad = g[0].placements() == grad_layout ? g[0] : g[0].redistribute(grad_layout);
+    const DistTensor grad = g[0].redistribute(grad_layout);  // free when already there
     const Tensor local = where(hit, grad.to_local().unsqueeze(-1), zero);
     return std::vector<DistTensor>{dispatch::wrap(local, grad.mesh(), x_grad_layout, x_shape), DistTensor()};
   });
@@ -127,6 +128,9 @@ DistTensor vocab_parallel_rows(const DistTensor& logits_in, const DistTensor& ta
 DistTensor cross_entropy(const DistTensor& logits, const DistTensor& targets, LossReduction reduction,
                          int64_t ignore_index) {
   validate(logits, targets);
+  step_plan::keep_decision(logits, [last = logits.dim() - 1](const Placements& p) {  // the path: a plan keeps to it
+    return ops::is_sharded_on(p, last);
+  });
   const DistTensor rows = ops::is_sharded_on(logits.placements(), logits.dim() - 1)
                               ? vocab_parallel_rows(logits, targets, ignore_index)
                               : fused_rows(logits, targets, ignore_index);

@@ -61,7 +61,7 @@ DistTensor embedding(const DistTensor& table, const DistTensor& ids) {
   const int64_t local_rows = table_local.size(0);
   const Shape table_shape = table.shape();
   return ops::with_grad(out, op, {table, ids}, [=](const std::vector<DistTensor>& g) {
-    const DistTensor grad = g[0].placements() == grad_layout ? g[0] : g[0].redistribute(grad_layout);
+    const DistTensor grad = g[0].redistribute(grad_layout);  // free when already there
     const Tensor local = embedding_backward(grad.to_local(), shifted_ids, local_rows, vocab_parallel);
     return std::vector<DistTensor>{dispatch::wrap(local, grad.mesh(), table_grad_layout, table_shape), DistTensor()};
   });

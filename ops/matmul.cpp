@@ -4,6 +4,7 @@
 // shard n -> output S(n) (column parallel), shard k on both -> output
 // Partial(sum) (row parallel), shard a batch dim -> output S(batch); a Partial
 // operand passes through when the other is replicated (matmul is bilinear).
+#include "dist_tensor/step_plan_hooks.h"
 #include "ops/op_helpers.h"
 #include "util/check.h"
 
@@ -96,6 +97,11 @@ DistTensor matmul_2d_or_more(const DistTensor& a, const DistTensor& b, bool b_is
 // added once after the reduction, not on every rank (Megatron's RowParallelLinear
 // adds it after the all-reduce too); that case stays matmul + add.
 bool fuses_bias(const DistTensor& x, const DistTensor& w, const DistTensor& bias) {
+  // The path taken depends on x's layout: a planned step keeps to it (step_plan.h).
+  const int64_t last = x.dim() - 1;
+  step_plan::keep_decision(x, [last](const Placements& p) {
+    return std::any_of(p.begin(), p.end(), [&](const Placement& q) { return q.is_partial() || q.is_shard(last); });
+  });
   if (x.dim() < 2) return false;                // a vector input: matmul's 1-D rules, then add
   if (bias.dtype() != x.dtype()) return false;  // linear() has checked x's against w's
   for (const DistTensor* t : {&x, &w, &bias}) {

@@ -10,6 +10,7 @@
 // - a normalized dim sharded: distributed statistics from composite ops (mean over
 //   the normalized dims -> Partial(sum), reduced by the rules of sub and add), so
 //   x is never gathered; autograd comes from the composite.
+#include "dist_tensor/step_plan_hooks.h"
 #include "ops/nn_helpers.h"
 #include "util/check.h"
 
@@ -76,14 +77,15 @@ DistTensor fused(const DistTensor& x, const NormSpec& n) {
   const NormSpec spec_copy{n.op, n.rms, n.normalized_shape, std::nullopt, std::nullopt, n.eps};
   const bool has_weight = n.weight.has_value(), has_bias = n.bias.has_value();
   return ops::with_grad(out, n.op, inputs, [=](const std::vector<DistTensor>& g) {
-    const DistTensor grad = g[0].placements() == out_placements ? g[0] : g[0].redistribute(out_placements);
+    const DistTensor grad = g[0].redistribute(out_placements);  // free when already there
     const NormGrads r = spec_copy.rms
                             ? rms_norm_backward(grad.to_local(), x_local, saved, spec_copy.normalized_shape, w_local)
                             : layer_norm_backward(grad.to_local(), x_local, saved, spec_copy.normalized_shape,
                                                   w_local, has_bias);
     const DeviceMesh& mesh = grad.mesh();
     std::vector<DistTensor> grads{dispatch::wrap(r.grad_input, mesh, out_placements, grad.shape())};
-    if (has_weight) grads.push_back(dispatch::wrap(r.grad_weight, mesh, parameter_placements, spec_copy.normalized_shape));
+    if (has_weight)
+      grads.push_back(dispatch::wrap(r.grad_weight, mesh, parameter_placements, spec_copy.normalized_shape));
     if (has_bias) grads.push_back(dispatch::wrap(r.grad_bias, mesh, parameter_placements, spec_copy.normalized_shape));
     return grads;
   });
@@ -113,6 +115,12 @@ DistTensor distributed(const DistTensor& x_in, const NormSpec& n) {
 DistTensor normalize(const DistTensor& x, const NormSpec& n) {
   validate(x, n);
   const int64_t lead = x.dim() - static_cast<int64_t>(n.normalized_shape.size());
+  step_plan::keep_decision(x, [lead, dim = x.dim()](const Placements& p) {  // the path: a plan keeps to it
+    for (int64_t d = lead; d < dim; ++d) {
+      if (ops::is_sharded_on(p, d)) return true;
+    }
+    return false;
+  });
   for (int64_t d = lead; d < x.dim(); ++d) {
     if (ops::is_sharded_on(x.placements(), d)) return distributed(x, n);
   }

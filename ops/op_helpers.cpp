@@ -57,7 +57,11 @@ DistTensor sum_to(const DistTensor& grad, const Shape& shape) {
 
 DistTensor cast(const DistTensor& a, DType dtype) {
   if (a.dtype() == dtype) return a;
-  DistTensor out = run_pointwise("cast", {static_cast<int64_t>(dtype)}, {a}, dispatch::PartialRule::OneOf, {},
+  // A Partial passes through a cast between floating dtypes only: truncating partial
+  // sums to integers is not linear.
+  const dispatch::PartialRule partial =
+      is_floating(a.dtype()) && is_floating(dtype) ? dispatch::PartialRule::OneOf : dispatch::PartialRule::None;
+  DistTensor out = run_pointwise("cast", {static_cast<int64_t>(dtype)}, {a}, partial, {},
                                  [dtype](const std::vector<Tensor>& l) { return l[0].to(dtype); });
   const DType from = a.dtype();
   return with_grad(out, "cast", {a}, [from](const std::vector<DistTensor>& g) {

@@ -52,7 +52,10 @@ std::shared_ptr<DistTensor::AutogradMeta>& ensure_meta(const DistTensor& t) {
 DistTensor accumulate(const DistTensor& a, const DistTensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
-  if (!a.mesh().is_member()) return a;  // a gradient that lives on other ranks holds nothing here
+  if (!a.mesh().is_member()) {  // a gradient that lives on other ranks holds nothing here
+    if (step_plan::active) step_plan::on_accumulate(a, b, a);  // the members record the move; so does this rank
+    return a;
+  }
   DistTensor moved = b;
   if (b.placements() != a.placements()) {
     step_plan::InternalMoveScope own_move;  // reported below, with its target's producer

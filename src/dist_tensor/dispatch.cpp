@@ -379,8 +379,6 @@ const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
   return strategy_cache.emplace(scratch_key, std::move(strategies[chosen])).first->second;
 }
 
-bool step_open() { return step_plan::active != nullptr; }
-
 const Strategy& planned(std::string_view op, const std::vector<int64_t>& attributes,
                         const std::vector<DistTensor>& inputs, const Builder& build, bool plannable) {
   return step_plan::dispatch(op, attributes, inputs, build, plannable);
@@ -399,7 +397,7 @@ DistTensor wrap(const Tensor& local, const DeviceMesh& mesh, const Placements& p
   impl->mesh = mesh;
   impl->placements = placements;
   impl->global_shape = global_shape;
-  if (step_plan::active) step_plan::on_wrap(*impl);
+  if (step_plan::active) step_plan::on_wrap(impl);
   return DistTensor(std::move(impl));
 }
 

@@ -31,6 +31,12 @@
 #include "dtensor/dist_tensor.h"
 #include "dtensor/sharding_rule.h"
 
+namespace dtensor::step_plan {
+struct Recorder;
+// This rank's open PlannedStep (dtensor/step_plan.h), or null.
+extern thread_local Recorder* active;
+}  // namespace dtensor::step_plan
+
 namespace dtensor::dispatch {
 
 struct Strategy {
@@ -108,7 +114,7 @@ const Strategy* lookup(std::string_view op, const std::vector<int64_t>& attribut
 const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
                        const std::vector<DistTensor>& inputs);
 // True while this rank has a PlannedStep open.
-bool step_open();
+inline bool step_open() { return step_plan::active != nullptr; }
 const Strategy& planned(std::string_view op, const std::vector<int64_t>& attributes,
                         const std::vector<DistTensor>& inputs, const Builder& build, bool plannable);
 // Adds a decision to the active DispatchTrace (if any), with `note` appended.

@@ -28,7 +28,7 @@ std::string sizes_string(const std::vector<int64_t>& sizes) { return shape_to_st
 
 const Tensor& DistTensor::to_local() const {
   const Impl& impl = defined_impl(impl_, "DistTensor::to_local");
-  if (step_plan::active && impl.plan_tag != 0) step_plan::on_observe(impl);
+  if (impl.plan_tag != 0) step_plan::on_observe(impl);
   return impl.local;
 }
 const Shape& DistTensor::shape() const { return defined_impl(impl_, "DistTensor::shape").global_shape; }

@@ -121,7 +121,7 @@ DistTensor DistTensor::redistribute(const DeviceMesh& mesh, const Placements& pl
                this->mesh().to_string(), " is over ", this->mesh().world().name(), ", the target mesh ",
                mesh.to_string(), " over ", mesh.world().name());
   const Placements to = redistribution::canonicalize(validate_placements(placements, mesh.ndim(), dim(), op), dim());
-  if (step_plan::active) step_plan::on_pin(*this);
+  if (step_plan::active) step_plan::on_keep(*this, "moved to another mesh");
   step_plan::InternalMoveScope own_moves;
   const Placements from_whole = partials_replicated(this->placements());
   const Placements to_whole = partials_replicated(to);

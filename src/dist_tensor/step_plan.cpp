@@ -57,6 +57,8 @@ struct OpRecord {
   bool pinned = false;   // the plan keeps greedy's choice
   bool wrapped = false;  // an output was seen (on_wrap)
   std::string pin_reason;
+  // Code chose a path by these functions of the output's layout: the plan keeps them.
+  std::vector<std::function<bool(const Placements&)>> decisions;
 };
 
 // A move the code asked for: from a tensor (made by op `from`, or of fixed layout) to
@@ -86,9 +88,13 @@ struct Recorder {
   std::shared_ptr<const Graph> plan_graph;  // Replay: the plan's recording
   const std::vector<int>* plan_choice = nullptr;
   size_t next = 0;  // Replay: the next op's index
-  int open = -1;    // Record: the op whose outputs wraps belong to
+  int open = -1;    // the op whose outputs wraps belong to
   int64_t ops = 0;
   std::string note;
+  // Record: every tagged output (those still alive when the step ends escaped it), and
+  // the ops whose outputs became leaf gradients (their layout is the library's choice).
+  std::vector<std::pair<std::weak_ptr<DistTensor::Impl>, int>> outputs;
+  std::vector<int> gradient_ops;
 };
 
 namespace {
@@ -300,12 +306,23 @@ class Problem {
     return next;
   }
 
-  // Tree edges by a rule: 0 the largest input, 1 the earliest producer, 2 the latest.
+  // Tree edges by a rule: 0 the largest input, 1 the earliest producer, 2 the latest;
+  // from 3 on, an input drawn by a hash of (op, rule) (the same on every rank).
   std::vector<int> parents(int rule) const {
     std::vector<int> parent(size(), -1);
     for (size_t k = 0; k < size(); ++k) {
       const OpRecord& op = graph_.ops[k];
       int best = -1;
+      if (rule >= 3) {
+        std::vector<int> made;
+        for (size_t j = 0; j < op.producers.size(); ++j) {
+          if (op.producers[j] >= 0) made.push_back(static_cast<int>(j));
+        }
+        const uint64_t draw =
+            (static_cast<uint64_t>(k) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(rule) * 0xBF58476D1CE4E5B9ull);
+        if (!made.empty()) parent[k] = made[static_cast<size_t>((draw >> 17) % made.size())];
+        continue;
+      }
       for (size_t j = 0; j < op.producers.size(); ++j) {
         const int p = op.producers[j];
         if (p < 0) continue;
@@ -409,6 +426,18 @@ Solution solve(Graph& graph, int64_t max_evaluations) {
       op.domain = {op.domain[static_cast<size_t>(op.greedy)]};
       op.greedy = 0;
     }
+    if (!op.decisions.empty() && op.domain.size() > 1) {
+      // Only strategies whose output takes the recorded paths.
+      const Placements recorded = op.domain[static_cast<size_t>(op.greedy)].output;
+      std::vector<dispatch::Strategy> kept;
+      for (size_t i = 0; i < op.domain.size(); ++i) {
+        bool same = true;
+        for (const auto& decides : op.decisions) same &= decides(op.domain[i].output) == decides(recorded);
+        if (static_cast<int>(i) == op.greedy) op.greedy = static_cast<int>(kept.size());
+        if (same) kept.push_back(op.domain[i]);
+      }
+      op.domain = std::move(kept);
+    }
   }
   const Problem problem(graph);
   Solution out;
@@ -416,54 +445,120 @@ Solution solve(Graph& graph, int64_t max_evaluations) {
   out.greedy_seconds = problem.total(out.plan);
   double best = out.greedy_seconds;
   auto improves = [&](double c) { return c < best - 1e-12 - 1e-9 * best; };
+  auto forest = [&](int rule) {
+    std::vector<int> next = problem.forest_pass(out.plan, problem.parents(rule), out.evaluations);
+    const double c = problem.total(next);
+    if (!improves(c)) return false;
+    out.plan = std::move(next);
+    best = c;
+    return true;
+  };
+  // Coordinate descent: each op alone to its cheapest strategy, until none moves.
+  auto descend = [&] {
+    bool any = false, moved = true;
+    while (moved && out.evaluations < max_evaluations) {
+      moved = false;
+      for (size_t i = 0; i < problem.size(); ++i) {
+        if (problem.domain(i) < 2) continue;
+        const double current = problem.local(i, out.plan[i], out.plan);
+        for (size_t s = 0; s < problem.domain(i); ++s) {
+          if (problem.local(i, static_cast<int>(s), out.plan) < current - 1e-12 - 1e-9 * current) {
+            out.plan[i] = static_cast<int>(s);
+            moved = any = true;
+            break;
+          }
+        }
+        out.evaluations += static_cast<int64_t>(problem.domain(i));
+      }
+    }
+    best = problem.total(out.plan);
+    return any;
+  };
+  // The three rules while they improve, then descent; then rounds of the rules and
+  // descent, and when nothing improves, up to 16 drawn forests before giving up.
   bool improved = true;
   while (improved && out.evaluations < max_evaluations) {
     improved = false;
-    for (int rule = 0; rule < 3 && out.evaluations < max_evaluations; ++rule) {
-      std::vector<int> next = problem.forest_pass(out.plan, problem.parents(rule), out.evaluations);
-      const double c = problem.total(next);
-      if (improves(c)) {
-        out.plan = std::move(next);
-        best = c;
-        improved = true;
-      }
-    }
+    for (int rule = 0; rule < 3 && out.evaluations < max_evaluations; ++rule) improved |= forest(rule);
   }
-  // Coordinate descent: each op alone to its cheapest strategy, until none moves.
+  descend();
+  constexpr int kDrawn = 16;
   improved = true;
-  while (improved && out.evaluations < max_evaluations) {
+  for (int round = 0; improved && out.evaluations < max_evaluations; ++round) {
     improved = false;
-    for (size_t i = 0; i < problem.size(); ++i) {
-      if (problem.domain(i) < 2) continue;
-      const double current = problem.local(i, out.plan[i], out.plan);
-      for (size_t s = 0; s < problem.domain(i); ++s) {
-        const double c = problem.local(i, static_cast<int>(s), out.plan);
-        if (c < current - 1e-12 - 1e-9 * current) {
-          out.plan[i] = static_cast<int>(s);
-          improved = true;
-          break;
-        }
-      }
-      out.evaluations += static_cast<int64_t>(problem.domain(i));
+    for (int rule = 0; rule < 3 && out.evaluations < max_evaluations; ++rule) improved |= forest(rule);
+    improved |= descend();
+    for (int r = 0; !improved && r < kDrawn && out.evaluations < max_evaluations; ++r) {
+      improved |= forest(3 + round * kDrawn + r);
     }
   }
   out.planned_seconds = problem.total(out.plan);
   return out;
 }
 
-// Every rank of `group` reached the same plan (a fingerprint's min equals its max).
-bool ranks_agree(const Group& group, const Graph& graph, const std::vector<int>& plan) {
+// Ops whose outputs outlive the step keep their layout: the code that holds them may
+// read their shards (a leaf's gradient excepted: its layout is the library's choice,
+// and an optimizer moves it where it needs it).
+void pin_escaped(Recorder& r) {
+  std::vector<bool> gradient(r.graph.ops.size(), false);
+  for (int op : r.gradient_ops) gradient[static_cast<size_t>(op)] = true;
+  for (const auto& [impl, op] : r.outputs) {
+    OpRecord& rec = r.graph.ops[static_cast<size_t>(op)];
+    if (!impl.expired() && !gradient[static_cast<size_t>(op)] && !rec.pinned) {
+      rec.pinned = true;
+      rec.pin_reason = "alive after the step";
+    }
+  }
+}
+
+// What every rank must have recorded alike for their plans to agree: the ops, their
+// shapes, producers, recorded layouts and domains, and the moves.
+int64_t fingerprint(const Graph& graph) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  mix(graph.ops.size());
-  for (size_t i = 0; i < plan.size(); ++i) {
-    mix(std::hash<std::string>()(graph.ops[i].op));
-    mix(static_cast<uint64_t>(plan[i]));
+  auto mix_placements = [&](const Placements& p) { mix(std::hash<std::string>()(placements_to_string(p))); };
+  for (const OpRecord& op : graph.ops) {
+    mix(std::hash<std::string>()(op.op));
+    for (int64_t a : op.attributes) mix(static_cast<uint64_t>(a));
+    for (size_t j = 0; j < op.shapes.size(); ++j) {
+      for (int64_t d : op.shapes[j]) mix(static_cast<uint64_t>(d));
+      mix(static_cast<uint64_t>(op.producers[j]));
+      mix_placements(op.recorded[j]);
+    }
+    mix(static_cast<uint64_t>(op.greedy));
+    for (const dispatch::Strategy& st : op.domain) {
+      for (const Placements& p : st.inputs) mix_placements(p);
+      mix_placements(st.output);
+    }
   }
-  const int64_t v = static_cast<int64_t>(h >> 2);
-  const Tensor t = Tensor::from_vector(std::vector<int64_t>{v, -v});
-  const std::vector<int64_t> r = all_reduce(group, t, ReduceOp::Max).to_vector<int64_t>();
-  return r[0] == -r[1];
+  for (const MoveRecord& m : graph.moves) {
+    mix(static_cast<uint64_t>(m.from));
+    mix(static_cast<uint64_t>(m.to));
+    mix_placements(m.to_layout);
+    mix(static_cast<uint64_t>(m.dropped));
+  }
+  return static_cast<int64_t>(h >> 1);
+}
+
+// One all-reduce over the world of the step's first mesh: whether every rank recorded
+// the same graph (the fingerprint's max equals its min), and the union of the ranks'
+// pins (an op one rank must keep, every rank keeps: a read on one rank only). Every
+// rank that recorded ops joins it.
+bool ranks_agree(Graph& graph) {
+  std::vector<int64_t> v{fingerprint(graph), 0};
+  v[1] = -v[0];
+  for (const OpRecord& op : graph.ops) v.push_back(op.pinned ? 1 : 0);
+  const Group world = graph.ops[0].mesh.world();
+  std::vector<int64_t> r = all_reduce(world, Tensor::from_vector(v), ReduceOp::Max).to_vector<int64_t>();
+  if (r[0] != -r[1]) return false;
+  for (size_t i = 0; i < graph.ops.size(); ++i) {
+    OpRecord& op = graph.ops[i];
+    if (r[i + 2] != 0 && !op.pinned) {
+      op.pinned = true;
+      op.pin_reason = "kept on another rank";
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -479,13 +574,15 @@ const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_
     bool same = r.next < g.ops.size();
     if (same) {
       const OpRecord& rec = g.ops[r.next];
-      same = rec.op == op && rec.attributes == attributes && rec.shapes.size() == inputs.size();
+      same = rec.op == op && rec.attributes == attributes && rec.shapes.size() == inputs.size() &&
+             rec.mesh == inputs[0].mesh();
       for (size_t j = 0; same && j < inputs.size(); ++j) {
         same = rec.shapes[j] == inputs[j].shape() && rec.dtypes[j] == inputs[j].dtype();
       }
     }
     if (same) {
       const dispatch::Strategy& s = g.ops[r.next].domain[static_cast<size_t>((*r.plan_choice)[r.next])];
+      r.open = static_cast<int>(r.next);
       ++r.next;
       dispatch::detail::trace(op, s, inputs, " [planned]");
       return s;
@@ -523,13 +620,24 @@ const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_
   return chosen;
 }
 
-void on_wrap(DistTensor::Impl& impl) {
+void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl) {
   Recorder& r = *active;
-  if (r.mode != Recorder::Mode::Record || r.open < 0) return;
+  if (r.open < 0) return;
+  if (r.mode == Recorder::Mode::Replay) {
+    // An output whose layout the plan changed: reading its shard is an error (on_observe).
+    const OpRecord& op = r.plan_graph->ops[static_cast<size_t>(r.open)];
+    const dispatch::Strategy& planned = op.domain[static_cast<size_t>((*r.plan_choice)[static_cast<size_t>(r.open)])];
+    if (impl->placements == planned.output && planned.output != op.domain[static_cast<size_t>(op.greedy)].output) {
+      impl->plan_tag = kChangedLayout;
+    }
+    return;
+  }
+  if (r.mode != Recorder::Mode::Record) return;
   OpRecord& op = r.graph.ops[static_cast<size_t>(r.open)];
-  if (impl.placements == op.domain[static_cast<size_t>(op.greedy)].output) {
-    impl.plan_tag = tag_for(r, r.open);
+  if (impl->placements == op.domain[static_cast<size_t>(op.greedy)].output) {
+    impl->plan_tag = tag_for(r, r.open);
     op.wrapped = true;
+    r.outputs.emplace_back(impl, r.open);
   } else {
     op.pinned = true;
     op.pin_reason = "an output in another layout than its strategy's";
@@ -539,8 +647,15 @@ void on_wrap(DistTensor::Impl& impl) {
 void on_boundary() { active->open = -1; }
 
 void on_observe(const DistTensor::Impl& impl) {
+  DT_CHECK_ARG(impl.plan_tag != kChangedLayout, "DistTensor::to_local", "this tensor's layout (",
+               placements_to_string(impl.placements),
+               ") is the one a planned step chose, not the recorded step's, which did not read it: read a tensor's "
+               "shard in every step or in none (the recorded step then keeps its layout), or fix its layout with "
+               "redistribute() before reading it");
+  if (!active) return;
   Recorder& r = *active;
   if (r.mode != Recorder::Mode::Record) return;
+  r.open = -1;  // not one of the last op's own wraps that follow
   const int op = producer_of(r, impl);
   if (op >= 0) {
     r.graph.ops[static_cast<size_t>(op)].pinned = true;
@@ -566,15 +681,21 @@ void on_redistribute(const DistTensor& source, const Placements& to) {
   r.graph.moves.push_back(std::move(m));
 }
 
-void on_pin(const DistTensor& source) {
+void on_keep(const DistTensor& t, const char* why) {
   Recorder& r = *active;
-  r.open = -1;
-  if (r.mode != Recorder::Mode::Record) return;
-  const int op = producer_of(r, *source.impl());
-  if (op >= 0) {
+  if (r.mode != Recorder::Mode::Record || !t.defined()) return;
+  const int op = producer_of(r, *t.impl());
+  if (op >= 0 && !r.graph.ops[static_cast<size_t>(op)].pinned) {
     r.graph.ops[static_cast<size_t>(op)].pinned = true;
-    r.graph.ops[static_cast<size_t>(op)].pin_reason = "moved to another mesh";
+    r.graph.ops[static_cast<size_t>(op)].pin_reason = why;
   }
+}
+
+void on_keep_decision(const DistTensor& t, std::function<bool(const Placements&)> decides) {
+  Recorder& r = *active;
+  if (r.mode != Recorder::Mode::Record || !t.defined()) return;
+  const int op = producer_of(r, *t.impl());
+  if (op >= 0) r.graph.ops[static_cast<size_t>(op)].decisions.push_back(std::move(decides));
 }
 
 void on_accumulate(const DistTensor& a, const DistTensor& b, const DistTensor& result) {
@@ -599,6 +720,7 @@ void on_leaf_gradient(const DistTensor& leaf, const DistTensor& grad) {
   MoveRecord m;
   m.from = producer_of(r, *grad.impl());
   if (m.from < 0) return;
+  r.gradient_ops.push_back(m.from);
   m.from_layout = grad.placements();
   m.to_layout = leaf.placements();
   m.shape = grad.shape();
@@ -653,7 +775,11 @@ StepPlanner::StepPlanner(StepPlannerOptions options) : state_(std::make_unique<S
                options.max_evaluations);
   state_->options = options;
 }
-StepPlanner::~StepPlanner() = default;
+StepPlanner::~StepPlanner() {
+  // Destroyed with its step open (unwinding past the PlannedStep): the rank's hooks
+  // must not reach the freed recorder.
+  if (state_ && state_->recorder && step_plan::active == state_->recorder.get()) step_plan::active = nullptr;
+}
 const StepPlanReport& StepPlanner::last_report() const { return state_->report; }
 
 std::string StepPlanner::describe() const {
@@ -686,6 +812,8 @@ void StepPlanner::reset() {
 PlannedStep::PlannedStep(StepPlanner& planner) : planner_(planner) {
   DT_CHECK_ARG(step_plan::active == nullptr, "PlannedStep", "a step is already open on this rank (steps do not nest)");
   StepPlanner::State& st = *planner.state_;
+  DT_CHECK_ARG(!st.recorder, "PlannedStep",
+               "this planner has a step open on another rank: each rank (thread) needs its own StepPlanner");
   auto r = std::make_unique<step_plan::Recorder>();
   if (st.given_up) {
     r->mode = step_plan::Recorder::Mode::Greedy;
@@ -719,10 +847,11 @@ PlannedStep::~PlannedStep() {
   try {
     if (r->mode == Mode::Record) {
       const auto start = std::chrono::steady_clock::now();
+      step_plan::pin_escaped(*r);
       auto graph = std::make_shared<step_plan::Graph>(std::move(r->graph));
+      // Before the search: the ranks' pins are merged, so that every rank solves the same problem.
+      const bool agreed = graph->ops.empty() || step_plan::ranks_agree(*graph);
       step_plan::Solution solution = step_plan::solve(*graph, st.options.max_evaluations);
-      const bool agreed =
-          graph->ops.empty() || step_plan::ranks_agree(graph->ops[0].mesh.group(), *graph, solution.plan);
       report.planning_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       report.phase = StepPlanReport::Phase::Recorded;
       report.evaluations = solution.evaluations;

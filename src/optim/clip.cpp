@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/autograd.h"
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
@@ -69,7 +70,7 @@ double clip_grad_norm(const std::vector<DistTensor>& params, double max_norm, do
   for (const DistTensor& p : params) {
     const DistTensor g = p.grad();
     if (!g.defined()) continue;
-    Tensor local = g.to_local();
+    Tensor local = local_of(g);  // scaling is linear: right in any layout
     local.copy_(mul(local, coefficient));
   }
   return total;

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "dist_tensor/dist_tensor_impl.h"
 #include "dtensor/autograd.h"
 #include "dtensor/optim.h"
 #include "dtensor/tensor_ops.h"
@@ -182,7 +183,8 @@ void Optimizer::update_one(size_t i, const DistTensor& grad) {
     if (name != "master") local_state[name] = t.to_local();
   }
   ++st.step;
-  const Tensor updated = update(target, grad.to_local().to(target.dtype()), st, local_state);
+  // The gradient is in the parameter's layout (gradient_in_param_layout checked it).
+  const Tensor updated = update(target, local_of(grad).to(target.dtype()), st, local_state);
   Tensor(target).copy_(updated);
   if (master != st.tensors.end()) Tensor(p.to_local()).copy_(target);  // rounds to 16 bits
   for (const auto& [name, local] : local_state) {

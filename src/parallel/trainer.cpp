@@ -44,7 +44,9 @@ Trainer::Trainer(Optimizer& optimizer, TrainerOptions options) : optimizer_(opti
   DT_CHECK_ARG(!options_.delayed_update || &options_.delayed_update->optimizer() == &optimizer_, "Trainer",
                "option delayed_update steps another optimizer than the trainer's");
   if (options_.loss_scaling) scaler_.emplace(*options_.loss_scaling);
-  if (options_.plan.value_or(plan_mode_from_env()) == PlanMode::Step) planner_ = std::make_unique<StepPlanner>();
+  if ((options_.plan ? *options_.plan : plan_mode_from_env()) == PlanMode::Step) {
+    planner_ = std::make_unique<StepPlanner>();
+  }
 }
 
 double Trainer::start_lr(int64_t step) {
