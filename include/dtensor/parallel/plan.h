@@ -1,0 +1,173 @@
+// Auto-parallel on paper: given a transformer, a cluster and a global batch, estimate
+// each parallel configuration's memory per device and step time, and rank them.
+//
+//   ModelSpec model = ModelSpec::gpt(/*layers=*/96, /*hidden=*/12288, /*heads=*/96, /*seq=*/2048, /*vocab=*/51200);
+//   ClusterSpec cluster = ClusterSpec::preset("h100", 1024);
+//   PlanSearch found = search_plans(model, cluster, /*global_batch=*/1536);
+//   for (const PlanEstimate& e : found.ranked) std::cout << e.to_string() << "\n";
+//
+// The estimates are the literature's analytical model, with its sources:
+// - FLOPs of a decoder layer per token: 2 x its matrix parameters plus attention's
+//   4 x seq x hidden (forward), x3 for training, +1 forward with full recomputation
+//   (Narayanan et al., SC'21: F = 96 B s l h^2 (1 + s/6h + V/16lh) with recomputation).
+// - Memory per device with mixed-precision Adam, 16 bytes per parameter split by ZeRO
+//   stage: 0: 16, 1: 4 + 12/dp, 2: 2 + 14/dp, 3: 16/dp (Rajbhandari et al.), plus a
+//   ZeRO-3 working set of two gathered layers; activations per layer per micro-batch
+//   s b h (10 + 24/t + 5 a s / (h t)) bytes, s b h (34/t + 5 a s / (h t)) with sequence
+//   parallelism, 34/t with selective recomputation, 2 s b h with full (Korthikanti et
+//   al., 2022), times the micro-batches a schedule keeps in flight (1F1B: p on the
+//   first stage; interleaved: p (1 + (p-1)/(p v)); GPipe: m).
+// - Step time: the device's share of the FLOPs at its GEMM rate (peak x efficiency,
+//   which falls for GEMMs with a small dim: eff_max x d / (d + d_half), d the smaller
+//   of hidden/tp and the micro-batch's tokens; the head dim for attention's products);
+//   the memory-bound ops (norms, activations, dropout, residuals, and softmax over the
+//   scores without fused attention) as the bytes Korthikanti et al. count stored per
+//   layer, moved 5 times (written and read in forward, read, written and read in
+//   backward; 7 with recomputation) at the memory bandwidth; tensor-parallel all-reduces (or
+//   reduce-scatter + all-gather) on the critical path; the pipeline bubble
+//   (p-1)/(v m) of the compute; point-to-point sends; the data-parallel gradient
+//   reduction overlapped with the last micro-batch's backward; all under the
+//   alpha-beta model of cost_model.h with intra-node (NVLink) or inter-node links.
+// A cluster preset's GEMM efficiency is its one fitted constant (ClusterSpec docs);
+// `dtensor-plan --validate` compares the model with published runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dtensor::parallel {
+
+// A decoder-only transformer (GPT, Llama).
+struct ModelSpec {
+  std::string name;
+  int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
+  int64_t ffn_hidden = 0;  // 0: 4 x hidden
+  int64_t kv_heads = 0;    // 0: heads (fewer: grouped-query attention)
+  bool gated_mlp = false;  // SwiGLU: three ffn matrices instead of two
+  bool tied_embeddings = false;
+  int64_t experts = 0, top_k = 0;  // mixture of experts (0: dense)
+  // Fused attention (FlashAttention, cuDNN): the [s, s] scores are never stored. Off:
+  // they are written and read in forward and backward (Megatron-LM in 2021).
+  bool flash_attention = true;
+
+  static ModelSpec gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab);
+  // Llama-style: SwiGLU, grouped-query attention, untied embeddings.
+  static ModelSpec llama(int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn_hidden,
+                         int64_t seq, int64_t vocab);
+
+  int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
+  int64_t parameters() const;        // all of them
+  int64_t layer_parameters() const;  // one block's (all experts)
+  // Training FLOPs (forward + backward) of one sequence; with full recomputation the
+  // layers' forward runs twice.
+  double flops_per_sequence(bool full_recompute) const;
+  // The part of it in attention's score and weighted-sum products (4 s h per token
+  // and layer in forward), which run at the head dim's GEMM rate.
+  double attention_flops_per_sequence(bool full_recompute) const;
+  void validate() const;  // throws std::invalid_argument naming what is wrong
+};
+
+// Devices and links. Bandwidths are per device, one direction, bytes/s; latencies per hop.
+struct ClusterSpec {
+  std::string name;
+  int64_t devices = 1;
+  int64_t devices_per_node = 1;
+  double memory_bytes = 0;                        // per device, usable
+  double peak_flops = 0;                          // dense, the training dtype
+  double gemm_efficiency = 0.8;                   // of peak on large GEMMs
+  double gemm_half_dim = 256;                     // a GEMM whose smaller dim is this runs at half that rate
+  double intra_bandwidth = 0, intra_latency = 0;  // within a node (NVLink, shared memory)
+  double inter_bandwidth = 0, inter_latency = 0;  // across nodes (InfiniBand)
+  double memory_bandwidth = 0;                    // HBM or DRAM, for the optimizer step
+  int64_t bytes_per_value = 2;                    // the training dtype (2: BF16/FP16 with FP32 master)
+
+  // "a100" (DGX A100: 8 per node, 80 GB, 312 TFLOP/s BF16, NVLink 300 GB/s, 8 x 200 Gb/s
+  // HDR), "h100" and "h200" (DGX H100/H200: 989 TFLOP/s BF16, 80/141 GB, NVLink 450 GB/s,
+  // 8 x 400 Gb/s NDR), "cpu" (this kind of machine: the threads backend's measured
+  // model, FP32). `devices` in all.
+  static ClusterSpec preset(std::string_view name, int64_t devices);
+  static std::vector<std::string> preset_names();
+  void validate() const;
+};
+
+enum class Recompute { None, Selective, Full };
+enum class Schedule { GPipe, OneFOneB, Interleaved };
+
+struct ParallelPlan {
+  int64_t dp = 1, tp = 1, pp = 1;
+  int zero = 0;               // 0: DDP (or Megatron's replicated optimizer), 1-3: ZeRO stage over dp
+  int64_t micro_batch = 1;    // sequences per micro-batch
+  int64_t micro_batches = 1;  // per step and data-parallel rank (pipeline m, or accumulation)
+  Schedule schedule = Schedule::OneFOneB;
+  int64_t virtual_stages = 1;  // with Interleaved
+  Recompute recompute = Recompute::None;
+  bool sequence_parallel = false;
+  std::string to_string() const;
+};
+
+struct PlanEstimate {
+  ParallelPlan plan;
+  // Bytes per device (the most loaded: the first pipeline stage).
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, working_set_bytes = 0;
+  double memory_bytes = 0;
+  // Seconds per step.
+  double compute_seconds = 0, tp_seconds = 0, pp_seconds = 0, bubble_seconds = 0, dp_seconds = 0, optimizer_seconds = 0,
+         step_seconds = 0;
+  double model_flops_per_device = 0;     // per second, without recomputation (MFU's numerator)
+  double hardware_flops_per_device = 0;  // per second, with it (Megatron's "TFLOP/s per GPU")
+  double mfu = 0;
+  double tokens_per_second = 0;
+  std::string rejected;  // empty when feasible; else why not
+  bool fits = true;      // false: rejected for memory alone (the estimate is complete)
+  std::string to_string() const;
+};
+
+// One configuration's estimate; `rejected` says why it does not fit or is invalid.
+PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, int64_t global_batch,
+                           const ParallelPlan& plan);
+
+struct PlanSearchOptions {
+  int64_t max_micro_batch = 8;
+  int64_t max_virtual_stages = 16;
+  bool allow_zero3 = true;
+  std::vector<Recompute> recompute{Recompute::None, Recompute::Selective, Recompute::Full};
+  // False: configurations that do not fit in memory are ranked too (their `fits` is false).
+  bool check_memory = true;
+  // Fix a degree (0: searched). A fixed pp may leave stages uneven (the heaviest sets
+  // the pace); searched ones divide the layers, as Megatron requires.
+  int64_t dp = 0, tp = 0, pp = 0;
+};
+
+struct PlanSearch {
+  std::vector<PlanEstimate> ranked;    // feasible, fastest first
+  std::vector<PlanEstimate> rejected;  // with their reasons
+};
+
+// Every (dp, tp, pp, ZeRO stage, micro-batch, schedule, recompute, sequence parallel)
+// whose degrees divide the devices, heads, layers and batch.
+PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int64_t global_batch,
+                        const PlanSearchOptions& options = {});
+
+// A published training run: its configuration and reported throughput.
+struct PublishedRun {
+  std::string source;
+  ModelSpec model;
+  ClusterSpec cluster;
+  int64_t global_batch = 0;
+  ParallelPlan plan;
+  double tflops_per_device = 0;  // as published (hardware FLOPs when `hardware`, else model FLOPs)
+  bool hardware = true;
+  // What was not published is searched: `tuned` (the schedule, micro-batch,
+  // recomputation, ZeRO stage and sequence parallelism) and `tuned_degrees` (dp, tp and
+  // pp too): the run is compared with the model's fastest configuration that fits
+  // (the run was tuned; so is its stand-in). `plan` is then only a starting guess.
+  bool tuned = false, tuned_degrees = false;
+};
+// The estimate a published run is compared with: its plan's, or, where it was tuned,
+// the fastest configuration that fits with what was published.
+PlanEstimate estimate_published(const PublishedRun& run);
+std::vector<PublishedRun> published_runs();
+
+}  // namespace dtensor::parallel

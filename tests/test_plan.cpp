@@ -1,0 +1,148 @@
+// Auto-parallel on paper (dtensor/parallel/plan.h): the estimator's formulas against the
+// literature they come from, the search's invariants, and the published runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtensor/parallel/plan.h"
+
+namespace dtensor::parallel {
+namespace {
+
+ParallelPlan plan_of(int64_t dp, int64_t tp, int64_t pp, int zero, int64_t batch, int64_t micro_batch = 1) {
+  ParallelPlan p;
+  p.dp = dp;
+  p.tp = tp;
+  p.pp = pp;
+  p.zero = zero;
+  p.micro_batch = micro_batch;
+  p.micro_batches = batch / (dp * micro_batch);
+  return p;
+}
+
+// Megatron's FLOPs per iteration: 72 B s l h^2 (1 + s/6h + V/12lh) without recomputation,
+// 96 B s l h^2 (1 + s/6h + V/16lh) with it (Narayanan et al., SC'21).
+TEST(Plan, FlopsAreMegatrons) {
+  const ModelSpec m = ModelSpec::gpt(24, 2304, 24, 2048, 51200);
+  const double s = 2048, l = 24, h = 2304, v = 51200;
+  EXPECT_NEAR(m.flops_per_sequence(false) / (72 * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))), 1, 1e-12);
+  EXPECT_NEAR(m.flops_per_sequence(true) / (96 * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))), 1, 1e-12);
+  // 12 h^2 matrix parameters per block, the tied table once.
+  EXPECT_EQ(m.layer_parameters(), 12 * 2304 * 2304 + 4 * 2304);
+  EXPECT_EQ(m.parameters(), 24 * m.layer_parameters() + 51200 * 2304 + 2 * 2304);
+}
+
+// Mixed-precision Adam: 16 bytes per parameter, split by ZeRO stage over dp ranks as
+// 16, 4 + 12/N, 2 + 14/N, 16/N (Rajbhandari et al.).
+TEST(Plan, ZeroStagesSplitSixteenBytesPerParameter) {
+  const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  const double n = 8;
+  const double expected[] = {16, 4 + 12 / n, 2 + 14 / n, 16 / n};
+  const double params = static_cast<double>(8 * m.layer_parameters() + 32000 * 1024);
+  for (int zero = 0; zero <= 3; ++zero) {
+    const PlanEstimate e = estimate_plan(m, c, 64, plan_of(8, 1, 1, zero, 64));
+    ASSERT_TRUE(e.rejected.empty()) << e.rejected;
+    EXPECT_NEAR((e.param_bytes + e.grad_bytes + e.optimizer_bytes) / params, expected[zero], 1e-9) << zero;
+    EXPECT_EQ(e.working_set_bytes > 0, zero == 3);
+  }
+}
+
+// The bubble is (p-1)/m of the compute for 1F1B and GPipe, (p-1)/(v m) interleaved; the
+// first stage holds min(m, p) micro-batches under 1F1B, m under GPipe.
+TEST(Plan, PipelineBubbleAndActivationsInFlight) {
+  const ModelSpec m = ModelSpec::gpt(32, 4096, 32, 2048, 51200);
+  const ClusterSpec c = ClusterSpec::preset("a100", 64);
+  ParallelPlan p = plan_of(2, 8, 4, 1, 64);  // m = 32
+  const PlanEstimate one = estimate_plan(m, c, 64, p);
+  EXPECT_NEAR(one.bubble_seconds / (one.compute_seconds + one.tp_seconds), 3.0 / 32, 1e-12);
+  p.schedule = Schedule::Interleaved;
+  p.virtual_stages = 2;
+  const PlanEstimate interleaved = estimate_plan(m, c, 64, p);
+  EXPECT_NEAR(interleaved.bubble_seconds / (interleaved.compute_seconds + interleaved.tp_seconds), 3.0 / 64, 1e-12);
+  EXPECT_LT(interleaved.step_seconds, one.step_seconds + one.pp_seconds * 2);
+  p.schedule = Schedule::GPipe;
+  p.virtual_stages = 1;
+  const PlanEstimate gpipe = estimate_plan(m, c, 64, p);
+  EXPECT_NEAR(gpipe.activation_bytes / one.activation_bytes, 32.0 / 4, 1e-9);
+}
+
+// Activations per layer (Korthikanti et al.): s b h (10 + 24/t + 5as/ht) stored, 34/t + 5as/ht
+// with sequence parallelism, 34/t with selective recomputation, 2 with full.
+TEST(Plan, ActivationsFollowKorthikanti) {
+  ModelSpec m = ModelSpec::gpt(16, 4096, 32, 2048, 51200);
+  m.flash_attention = false;
+  const ClusterSpec c = ClusterSpec::preset("a100", 8);
+  const double s = 2048, b = 1, h = 4096, a = 32, t = 8, layers = 16;
+  auto activations = [&](Recompute r, bool sp) {
+    ParallelPlan p = plan_of(1, 8, 1, 0, 1);
+    p.recompute = r;
+    p.sequence_parallel = sp;
+    const PlanEstimate e = estimate_plan(m, c, 1, p);
+    return e.activation_bytes - s * b * 51200 * 4 / t;  // less the FP32 logits
+  };
+  const double sbh = s * b * h, scores = 5 * a * s / (h * t);
+  EXPECT_NEAR(activations(Recompute::None, false), layers * sbh * (10 + 24 / t + scores), 1);
+  EXPECT_NEAR(activations(Recompute::None, true), layers * sbh * (34 / t + scores), 1);
+  EXPECT_NEAR(activations(Recompute::Selective, true), layers * sbh * 34 / t, 1);
+  // Full: each layer's input, plus the one layer rebuilt at a time.
+  EXPECT_NEAR(activations(Recompute::Full, true), layers * 2 * sbh / t + sbh * (34 / t + scores), 1);
+}
+
+TEST(Plan, SearchRanksFeasiblePlansAndSaysWhyOthersWereRejected) {
+  const ModelSpec m = ModelSpec::gpt(48, 8192, 64, 2048, 51200);  // 39B
+  const ClusterSpec c = ClusterSpec::preset("a100", 64);
+  const PlanSearch found = search_plans(m, c, 512);
+  ASSERT_FALSE(found.ranked.empty());
+  ASSERT_FALSE(found.rejected.empty());
+  for (size_t i = 0; i < found.ranked.size(); ++i) {
+    const PlanEstimate& e = found.ranked[i];
+    EXPECT_TRUE(e.rejected.empty());
+    EXPECT_LE(e.memory_bytes, c.memory_bytes);
+    EXPECT_EQ(e.plan.dp * e.plan.tp * e.plan.pp, 64);
+    EXPECT_EQ(8 % e.plan.tp, 0);  // tensor parallel within a node
+    if (i > 0) EXPECT_LE(found.ranked[i - 1].step_seconds, e.step_seconds);
+  }
+  for (const PlanEstimate& e : found.rejected) EXPECT_FALSE(e.rejected.empty());
+  // 39B parameters cannot be replicated with Adam on 80 GB devices: plain data
+  // parallelism without ZeRO is never feasible.
+  for (const PlanEstimate& e : found.ranked) EXPECT_FALSE(e.plan.tp == 1 && e.plan.pp == 1 && e.plan.zero == 0);
+  // One device: nothing fits.
+  const PlanSearch alone = search_plans(m, ClusterSpec::preset("a100", 1), 8);
+  EXPECT_TRUE(alone.ranked.empty());
+  ASSERT_FALSE(alone.rejected.empty());
+  EXPECT_NE(alone.rejected.front().rejected.find("per device"), std::string::npos) << alone.rejected.front().rejected;
+}
+
+TEST(Plan, InvalidPlansAndInputsAreRejectedWithReasons) {
+  const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  EXPECT_NE(estimate_plan(m, c, 64, plan_of(4, 1, 1, 0, 64)).rejected.find("not the 8 devices"), std::string::npos);
+  ParallelPlan zero_pp = plan_of(2, 1, 4, 3, 64);
+  EXPECT_NE(estimate_plan(m, c, 64, zero_pp).rejected.find("ZeRO-2/3"), std::string::npos);
+  ParallelPlan odd = plan_of(8, 1, 1, 0, 64);
+  odd.micro_batches = 3;
+  EXPECT_NE(estimate_plan(m, c, 64, odd).rejected.find("global batch"), std::string::npos);
+  try {
+    ClusterSpec::preset("tpu", 8);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("a100, h100, h200, cpu"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(search_plans(ModelSpec::gpt(8, 1000, 16, 1024, 32000), c, 64), std::invalid_argument);
+}
+
+// The model against published runs (dtensor-plan --validate): one fitted constant per
+// device kind (the first row of each), every other row predicted within 15%.
+TEST(Plan, PublishedRunsAreReproducedWithinFifteenPercent) {
+  const std::vector<PublishedRun> runs = published_runs();
+  ASSERT_GE(runs.size(), 10u);
+  for (const PublishedRun& run : runs) {
+    const PlanEstimate e = estimate_published(run);
+    const double predicted = (run.hardware ? e.hardware_flops_per_device : e.model_flops_per_device) / 1e12;
+    EXPECT_NEAR(predicted / run.tflops_per_device, 1, 0.15) << run.source << ": " << e.to_string();
+  }
+}
+
+}  // namespace
+}  // namespace dtensor::parallel
