@@ -19,17 +19,26 @@ namespace {
 // Partial (its reduction stays with the MoveMemo of the other product), and only the
 // outermost of those dims sharded, evenly (a shard of the merged dim is then the same
 // contiguous block of rows), so the reshape communicates nothing.
-bool flattens_for_free(const DistTensor& t) {
+bool flattens_for_free(const Placements& placements, const Shape& shape, const Shape& mesh_shape) {
   int64_t shards_of_dim0 = 1;
-  for (size_t m = 0; m < t.placements().size(); ++m) {
-    const Placement& p = t.placements()[m];
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  for (size_t m = 0; m < placements.size(); ++m) {
+    const Placement& p = placements[m];
     if (p.is_partial()) return false;
-    for (int64_t d = 1; d + 1 < t.dim(); ++d) {
+    for (int64_t d = 1; d + 1 < ndim; ++d) {
       if (p.is_shard(d)) return false;
     }
-    if (p.is_shard(0)) shards_of_dim0 *= t.mesh().size(static_cast<int>(m));
+    if (p.is_shard(0)) shards_of_dim0 *= mesh_shape[m];
   }
-  return t.size(0) % shards_of_dim0 == 0;
+  return shape[0] % shards_of_dim0 == 0;
+}
+
+// The same for t, whose path a planned step then keeps (step_plan.h).
+bool flattens_for_free(const DistTensor& t) {
+  step_plan::keep_decision(t, [shape = t.shape(), mesh_shape = t.mesh().shape()](const Placements& p) {
+    return flattens_for_free(p, shape, mesh_shape);
+  });
+  return flattens_for_free(t.placements(), t.shape(), t.mesh().shape());
 }
 
 // The gradients of a @ b from the output's gradient g: a's and b's where the engine
