@@ -120,8 +120,9 @@ ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {
     c.peak_flops = hopper ? 989e12 : 312e12;
     // Fitted: the large-GEMM efficiency that makes the model reproduce one published run
     // per device kind (A100: Megatron-LM's 1.7B row; Hopper: Megatron-Core's GPT-3 175B
-    // on 96 H100); every other published run is a prediction (dtensor-plan --validate).
-    c.gemm_efficiency = hopper ? 0.572 : 0.755;
+    // on 96 H100). A fitted number, not a measured GEMM rate: it trades off against
+    // gemm_half_dim (bench/RESULTS.md, "dtensor-plan --validate").
+    c.gemm_efficiency = hopper ? 0.592 : 0.755;
     c.gemm_half_dim = 128;
     c.intra_bandwidth = hopper ? 450e9 : 300e9;  // NVLink 4 / 3, per direction
     c.intra_latency = 3e-6;
@@ -184,7 +185,8 @@ std::string PlanEstimate::to_string() const {
   std::ostringstream os;
   os.precision(3);
   os << plan.to_string() << ": ";
-  if (!rejected.empty()) return os.str() + "rejected: " + rejected;
+  if (!rejected.empty() && fits) return os.str() + "rejected: " + rejected;
+  if (!fits) os << "(does not fit: " << rejected << ") ";
   os << "step " << step_seconds << " s (compute " << compute_seconds << ", tp " << tp_seconds << ", pp " << pp_seconds
      << ", bubble " << bubble_seconds << ", dp " << dp_seconds << ", optimizer " << optimizer_seconds << "), MFU "
      << mfu * 100 << "%, " << hardware_flops_per_device / 1e12 << " TFLOP/s per device, memory "
@@ -241,14 +243,15 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double layers_per_stage = static_cast<double>((model.layers + chunks - 1) / chunks * v);
   const double balance = layers_per_stage / (static_cast<double>(model.layers) / pp);
 
-  // ---- memory on the first pipeline stage (it holds the most activations) ----
-  const double stage_params =
-      layers_per_stage * static_cast<double>(model.layer_parameters()) / t + static_cast<double>(model.vocab) * h / t;
-  const double param_b = bpv, grad_b = bpv, optim_b = bpv == 2 ? 12 : 8;  // FP32 master, m, v (or m, v)
-  e.param_bytes = stage_params * param_b / (p.zero == 3 ? dp : 1);
-  e.grad_bytes = stage_params * grad_b / (p.zero >= 2 ? dp : 1);
-  e.optimizer_bytes = stage_params * optim_b / (p.zero >= 1 ? dp : 1);
-  if (p.zero == 3) e.working_set_bytes = 2 * static_cast<double>(model.layer_parameters()) / t * param_b;
+  // ---- memory: the first pipeline stage (the most activations) or the last (the
+  // output layer and the FP32 logits), whichever holds more ----
+  const double vh = static_cast<double>(model.vocab) * h / t;
+  const double layer_params = layers_per_stage * static_cast<double>(model.layer_parameters()) / t;
+  // The embedding on the first stage; the output layer (its own, or the tied table's
+  // copy) on the last; both on a single stage (once when tied).
+  const double first_params = layer_params + vh + (p.pp == 1 && !model.tied_embeddings ? vh : 0);
+  const double last_params = layer_params + vh;
+  const double param_b = bpv, grad_b = p.fp32_gradients ? 4 : bpv, optim_b = bpv == 2 ? 12 : 8;  // FP32 master, m, v
   // Activations of one layer and micro-batch (Korthikanti et al., 2-byte values).
   const double sbh = s * b * h * bpv / 2;
   const double attention_scores = model.flash_attention ? 0 : 5 * a * s / (h * t);
@@ -264,12 +267,34 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                 : p.schedule == Schedule::OneFOneB ? std::min(m, pp)
                                                    : pp * (1 + (pp - 1) / (pp * static_cast<double>(v)));
   }
-  e.activation_bytes = per_layer * layers_per_stage * in_flight;
-  if (p.recompute == Recompute::Full) {
-    e.activation_bytes += sbh * ((p.sequence_parallel ? 34 / t : 10 + 24 / t) + attention_scores);  // one layer rebuilt
-  }
-  if (p.pp == 1) e.activation_bytes += s * b * static_cast<double>(model.vocab) * 4 / t;  // FP32 logits
-  e.memory_bytes = e.param_bytes + e.grad_bytes + e.optimizer_bytes + e.working_set_bytes + e.activation_bytes;
+  const double rebuilt =
+      p.recompute == Recompute::Full ? sbh * ((p.sequence_parallel ? 34 / t : 10 + 24 / t) + attention_scores) : 0;
+  const double logits_bytes = s * b * static_cast<double>(model.vocab) * 4 / t;  // FP32, for the loss
+  // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
+  const double last_in_flight = p.schedule == Schedule::GPipe ? m : 1;
+  struct StageMemory {
+    double params, grads, optimizer, working_set, activations;
+    double total() const { return params + grads + optimizer + working_set + activations; }
+  };
+  auto stage = [&](double parameters, double flight, bool logits) {
+    StageMemory mem{};
+    mem.params = parameters * param_b / (p.zero == 3 ? dp : 1);
+    mem.grads = parameters * grad_b / (p.zero >= 2 ? dp : 1);
+    mem.optimizer = parameters * optim_b / (p.zero >= 1 ? dp : 1);
+    if (p.zero == 3) mem.working_set = 2 * static_cast<double>(model.layer_parameters()) / t * param_b;
+    mem.activations = per_layer * layers_per_stage * flight + rebuilt + (logits ? logits_bytes : 0);
+    return mem;
+  };
+  const StageMemory first = stage(first_params, in_flight, p.pp == 1);
+  const StageMemory last = p.pp > 1 ? stage(last_params, last_in_flight, true) : first;
+  const StageMemory& most = first.total() >= last.total() ? first : last;
+  e.param_bytes = most.params;
+  e.grad_bytes = most.grads;
+  e.optimizer_bytes = most.optimizer;
+  e.working_set_bytes = most.working_set;
+  e.activation_bytes = most.activations;
+  e.memory_bytes = most.total();
+  const double stage_params = std::max(first_params, last_params);
   if (e.memory_bytes > cluster.memory_bytes) {
     why << "needs " << gigabytes(e.memory_bytes) << " per device, has " << gigabytes(cluster.memory_bytes);
     e.rejected = why.str();
@@ -291,9 +316,15 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   };
   const double attention_flops =
       batch * model.attention_flops_per_sequence(full || p.recompute == Recompute::Selective);
+  // The output layer's GEMMs (forward and backward, never recomputed) run on the last
+  // stage only: the pipeline goes at its pace when it is the heaviest.
+  const double logits_flops = batch * s * 3 * 2 * h * static_cast<double>(model.vocab);
   const double devices_d = static_cast<double>(cluster.devices);
-  const double gemm_seconds = (hardware_flops - attention_flops) / devices_d / gemm_rate(std::min(h / t, b * s)) +
-                              attention_flops / devices_d / gemm_rate(std::min(h / a, s));
+  const double dense_rate = gemm_rate(std::min(h / t, b * s));
+  const double gemm_seconds = ((hardware_flops - attention_flops - logits_flops) / dense_rate +
+                               attention_flops / gemm_rate(std::min(h / a, s))) /
+                                  devices_d * balance +
+                              logits_flops / dense_rate / (dp * t);
   // Memory-bound ops: the bytes stored per layer and micro-batch, moved 5 times (7 when
   // forward runs again), on the device's share of the layers and micro-batches.
   const double elementwise = sbh * (p.sequence_parallel ? 34 / t : 10 + 24 / t);
@@ -301,7 +332,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double moves = p.recompute == Recompute::None ? 5 : 7;
   const double memory_seconds =
       (elementwise * (full ? 7 : 5) + scores * moves) * layers_per_stage * m / cluster.memory_bandwidth;
-  e.compute_seconds = gemm_seconds * balance + memory_seconds;
+  e.compute_seconds = gemm_seconds + memory_seconds;
   const bool tp_in_node = p.tp <= cluster.devices_per_node;
   const CostModel tp_link = tp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
                                        : link(cluster.inter_bandwidth, cluster.inter_latency);
@@ -316,7 +347,9 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     const bool pp_in_node = p.tp * p.pp <= cluster.devices_per_node;
     const CostModel pp_link = pp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
                                          : link(cluster.inter_bandwidth, cluster.inter_latency);
-    const double sent = activation_bytes / (p.sequence_parallel ? t : 1);
+    // Each tensor-parallel rank sends its 1/t of the activation and the next stage's
+    // ranks all-gather it over NVLink (Megatron's scatter/gather optimisation).
+    const double sent = activation_bytes / t;
     e.pp_seconds = m * static_cast<double>(v) * 2 * pp_link.point_to_point(static_cast<int64_t>(sent), 1);
     e.bubble_seconds = (pp - 1) / (static_cast<double>(v) * m) * (e.compute_seconds + e.tp_seconds);
   }
@@ -324,11 +357,27 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     const bool dp_in_node = p.dp * p.tp * p.pp <= cluster.devices_per_node;
     const CostModel dp_link = dp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
                                          : link(cluster.inter_bandwidth, cluster.inter_latency);
-    const double grad_total = stage_params * grad_b;
-    const double traffic = dp_link.all_reduce(static_cast<int64_t>(grad_total), p.dp) * (p.zero == 3 ? 1.5 : 1.0);
-    // Overlapped with the last micro-batch's backward (two thirds of its compute).
-    const double hidden_by = (2.0 / 3.0) * e.compute_seconds / m;
-    e.dp_seconds = std::max(0.0, traffic - hidden_by);
+    const double grad_total = stage_params * grad_b, param_total = stage_params * param_b;
+    const int64_t n = p.dp;
+    // A micro-batch's forward is a third of its compute, its backward two thirds.
+    const double forward = e.compute_seconds / (3 * m), backward = 2 * forward;
+    auto exposed = [](double comm, double compute) { return std::max(0.0, comm - compute); };
+    if (p.zero <= 1) {
+      // One all-reduce (ZeRO-1: a reduce-scatter and an all-gather, the same bytes) per
+      // step, behind the last micro-batch's backward.
+      e.dp_seconds = exposed(dp_link.all_reduce(static_cast<int64_t>(grad_total), n), backward);
+    } else if (p.zero == 2) {
+      // Gradients reduce-scattered every micro-batch (behind its backward), the updated
+      // parameters all-gathered once (behind the next step's first forward).
+      e.dp_seconds = m * exposed(dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward) +
+                     exposed(dp_link.all_gather(static_cast<int64_t>(param_total), n), forward);
+    } else {
+      // Every micro-batch gathers the parameters for forward and again for backward,
+      // and reduce-scatters the gradients.
+      const double gather = dp_link.all_gather(static_cast<int64_t>(param_total), n);
+      e.dp_seconds = m * (exposed(gather, forward) +
+                          exposed(gather + dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward));
+    }
   }
   // The optimizer reads and writes its state, the gradients and the parameters once.
   e.optimizer_seconds = (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 / cluster.memory_bandwidth;
@@ -379,11 +428,12 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
         }
         for (const auto& [schedule, v] : schedules) {
           for (int zero = 0; zero <= (options.allow_zero3 ? 3 : 2); ++zero) {
-            if (dp == 1 && zero > 0) continue;
+            if ((dp == 1 && zero > 0) || (options.zero >= 0 && zero != options.zero)) continue;
             for (Recompute recompute : options.recompute) {
               for (bool sp : {false, true}) {
-                if (sp && tp == 1) continue;
-                ParallelPlan plan{dp, tp, pp, zero, b, m, schedule, v, recompute, sp};
+                if ((sp && tp == 1) || (options.sequence_parallel >= 0 && sp != (options.sequence_parallel == 1)))
+                  continue;
+                ParallelPlan plan{dp, tp, pp, zero, b, m, schedule, v, recompute, sp, options.fp32_gradients};
                 PlanEstimate e = estimate_plan(model, cluster, global_batch, plan);
                 const bool feasible = e.rejected.empty() || (!options.check_memory && !e.fits);
                 (feasible ? out.ranked : out.rejected).push_back(std::move(e));
@@ -425,12 +475,14 @@ std::vector<PublishedRun> published_runs() {
     const int64_t dp = r.gpus / (r.tp * r.pp);
     run.plan = ParallelPlan{dp, r.tp, r.pp, 0, 1, r.batch / dp, Schedule::OneFOneB, 1, Recompute::Full, false};
     run.tflops_per_device = r.tflops;
+    // The 1T run used the interleaved schedule, its virtual stages not in the sources.
+    run.tuned_schedule = r.pp == 64;
     runs.push_back(run);
   }
   // Megatron-Core, GPT-3 175B on H100 (NVIDIA, Megatron-LM's strong-scaling figure):
-  // global batch 1152, BF16, MFU 47% on 96 GPUs and 42% on 4608. The degrees were not
-  // in the sources at hand (tuned_degrees): the model's best configuration for the GPUs
-  // and batch stands in. The 96-GPU run is the Hopper presets' fitted point.
+  // global batch 1152, BF16 with FP32 gradients, MFU 47% on 96 GPUs and 42% on 4608.
+  // TP 4 and PP 8 as secondary sources report them; the schedule and recomputation not
+  // in the sources (tuned). The 96-GPU run is the Hopper presets' fitted point.
   for (const auto& [gpus, mfu] : {std::pair<int64_t, double>{96, 0.47}, std::pair<int64_t, double>{4608, 0.42}}) {
     PublishedRun run;
     run.source = "Megatron-Core GPT-3 175B, " + std::to_string(gpus) + " H100 (MFU " +
@@ -439,10 +491,10 @@ std::vector<PublishedRun> published_runs() {
     run.cluster = ClusterSpec::preset("h100", gpus);
     run.global_batch = 1152;
     const int64_t dp = gpus / 32;
-    run.plan = ParallelPlan{dp, 4, 8, 1, 1, 1152 / dp, Schedule::OneFOneB, 1, Recompute::Selective, true};
+    run.plan = ParallelPlan{dp, 4, 8, 1, 1, 1152 / dp, Schedule::OneFOneB, 1, Recompute::Selective, true, true};
     run.tflops_per_device = mfu * run.cluster.peak_flops / 1e12;
     run.hardware = false;
-    run.tuned_degrees = true;
+    run.tuned_schedule = run.tuned_recipe = true;
     runs.push_back(run);
   }
   // Llama 3 405B (Llama 3 paper, Table 4): H100, BF16, seq 8192, 16M-token batches
@@ -454,12 +506,12 @@ std::vector<PublishedRun> published_runs() {
     run.model = ModelSpec::llama(126, 16384, 128, 8, 53248, 8192, 128256);
     run.cluster = ClusterSpec::preset("h100", gpus);
     run.global_batch = 2048;
-    // Not published and assumed: micro-batch 1 and 2 virtual stages (126 layers over 16
-    // stages: the heaviest stage's 8 set the pace).
+    // The schedule's virtual stages and the micro-batch not in the sources (tuned; 126
+    // layers over 16 stages: the heaviest stage sets the pace).
     run.plan = ParallelPlan{dp, 8, 16, 1, 1, 2048 / dp, Schedule::Interleaved, 2, Recompute::None, true};
     run.tflops_per_device = tflops;
     run.hardware = false;
-    run.tuned = true;
+    run.tuned_schedule = run.tuned_recipe = true;
     runs.push_back(run);
   }
   return runs;
@@ -467,19 +519,29 @@ std::vector<PublishedRun> published_runs() {
 
 PlanEstimate estimate_published(const PublishedRun& run) {
   const PlanEstimate as_given = estimate_plan(run.model, run.cluster, run.global_batch, run.plan);
-  if (!run.tuned && !run.tuned_degrees) return as_given;
+  if (!run.tuned()) return as_given;
+  DT_CHECK_ARG(run.tuned_schedule, kOp, run.source,
+               ": a run whose recipe or degrees are searched has its schedule searched too");
   PlanSearchOptions options;
-  // With its degrees published the run's stand-in is not held to the memory model (the
-  // run ran, so it fit; the report shows the model's verdict on it). Without them the
-  // stand-in is the model's best configuration that fits.
-  options.check_memory = run.tuned_degrees;
+  if (!run.tuned_recipe) {
+    options.zero = run.plan.zero;
+    options.recompute = {run.plan.recompute};
+    options.sequence_parallel = run.plan.sequence_parallel ? 1 : 0;
+  }
+  // The stand-in must fit in the memory model too: a run the model can only match with
+  // a configuration it says does not fit is not reproduced.
   if (!run.tuned_degrees) {
     options.dp = run.plan.dp;
     options.tp = run.plan.tp;
     options.pp = run.plan.pp;
   }
+  options.fp32_gradients = run.plan.fp32_gradients;
   const PlanSearch found = search_plans(run.model, run.cluster, run.global_batch, options);
-  return found.ranked.empty() ? as_given : found.ranked.front();
+  if (!found.ranked.empty()) return found.ranked.front();
+  // Nothing fits: the fastest of them, marked as not fitting.
+  options.check_memory = false;
+  const PlanSearch any = search_plans(run.model, run.cluster, run.global_batch, options);
+  return any.ranked.empty() ? as_given : any.ranked.front();
 }
 
 }  // namespace dtensor::parallel

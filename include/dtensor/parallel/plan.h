@@ -28,8 +28,10 @@
 //   (p-1)/(v m) of the compute; point-to-point sends; the data-parallel gradient
 //   reduction overlapped with the last micro-batch's backward; all under the
 //   alpha-beta model of cost_model.h with intra-node (NVLink) or inter-node links.
-// A cluster preset's GEMM efficiency is its one fitted constant (ClusterSpec docs);
-// `dtensor-plan --validate` compares the model with published runs.
+// A GPU preset's GEMM efficiency is fitted to one published run; the GEMM half dim, the
+// memory-bound ops' 5 (7) moves and backward's 2/3 share were set while Megatron-LM's
+// A100 table was in view. `dtensor-plan --validate` compares the model with published
+// runs (bench/RESULTS.md: the A100 table within 7.5%, the Hopper runs not yet).
 #pragma once
 
 #include <cstdint>
@@ -104,6 +106,9 @@ struct ParallelPlan {
   int64_t virtual_stages = 1;  // with Interleaved
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false;
+  // FP32 gradients beside 16-bit parameters (Megatron-Core's main_grad): 18 bytes per
+  // parameter instead of 16, and a data-parallel reduction of FP32.
+  bool fp32_gradients = false;
   std::string to_string() const;
 };
 
@@ -135,9 +140,13 @@ struct PlanSearchOptions {
   std::vector<Recompute> recompute{Recompute::None, Recompute::Selective, Recompute::Full};
   // False: configurations that do not fit in memory are ranked too (their `fits` is false).
   bool check_memory = true;
+  bool fp32_gradients = false;  // every configuration's (ParallelPlan::fp32_gradients)
   // Fix a degree (0: searched). A fixed pp may leave stages uneven (the heaviest sets
   // the pace); searched ones divide the layers, as Megatron requires.
   int64_t dp = 0, tp = 0, pp = 0;
+  // Fix the recipe: a ZeRO stage (-1: searched) and sequence parallelism (-1: both).
+  int zero = -1;
+  int sequence_parallel = -1;
 };
 
 struct PlanSearch {
@@ -159,11 +168,13 @@ struct PublishedRun {
   ParallelPlan plan;
   double tflops_per_device = 0;  // as published (hardware FLOPs when `hardware`, else model FLOPs)
   bool hardware = true;
-  // What was not published is searched: `tuned` (the schedule, micro-batch,
-  // recomputation, ZeRO stage and sequence parallelism) and `tuned_degrees` (dp, tp and
-  // pp too): the run is compared with the model's fastest configuration that fits
-  // (the run was tuned; so is its stand-in). `plan` is then only a starting guess.
-  bool tuned = false, tuned_degrees = false;
+  // What was not published is searched, the rest kept as `plan` has it:
+  // `tuned_schedule` (schedule, virtual stages, micro-batch), `tuned_recipe` (ZeRO
+  // stage, recomputation, sequence parallelism), `tuned_degrees` (dp, tp, pp). The run
+  // is compared with the model's fastest such configuration that fits in memory (the
+  // run was tuned; so is its stand-in), or if none fits, the fastest, marked so.
+  bool tuned_schedule = false, tuned_recipe = false, tuned_degrees = false;
+  bool tuned() const { return tuned_schedule || tuned_recipe || tuned_degrees; }
 };
 // The estimate a published run is compared with: its plan's, or, where it was tuned,
 // the fastest configuration that fits with what was published.
