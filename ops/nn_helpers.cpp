@@ -7,8 +7,7 @@ Placed place_inputs(const char* op, const std::vector<int64_t>& attributes,
                     const std::vector<DistTensor>& inputs, const dispatch::EinsumSpec& spec) {
   dispatch::common_mesh(inputs, op);
   const dispatch::Strategy& strategy = dispatch::cached_strategy(
-      op, attributes, inputs, [&](const std::vector<DistTensor>& in) { return dispatch::einsum_strategies(spec, in); },
-      /*plannable=*/false);
+      op, attributes, inputs, [&](const std::vector<DistTensor>& in) { return dispatch::einsum_strategies(spec, in); });
   return Placed{strategy, dispatch::local_inputs(strategy, inputs)};
 }
 

@@ -18,8 +18,9 @@
 // What the plan keeps (docs/dispatch.md, "Planning a whole step"):
 // - the placements of every tensor the step did not compute: parameters, inputs, and
 //   every `redistribute` the code calls (a pinned layout stays pinned);
-// - the layout of any op output read with `to_local()` during the recorded step,
-//   and of ops that are not einsum-dispatched (they keep their recorded layouts);
+// - the layout of any op output read with `to_local()` during the recorded step or
+//   alive after it, and the path of every op that chooses one by a layout (a read
+//   only in later steps, of a layout the plan changed, is an error);
 // - the values: every strategy the planner may choose is one the op itself offers
 //   for some layout of its inputs, so the planned step computes the same function.
 // The first step runs greedily and records. The plan is used while the step issues

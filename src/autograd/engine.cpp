@@ -171,6 +171,7 @@ void record(const std::string& name, const std::vector<DistTensor>& inputs,
     meta->grad_fn = node;
     meta->output_nr = static_cast<int>(i);
   }
+  if (step_plan::active) step_plan::on_function(static_cast<const Node*>(node.get()), outputs);
 }
 
 }  // namespace autograd
@@ -274,7 +275,7 @@ std::vector<DistTensor> apply_node(Node* node, std::vector<DistTensor> grads, co
   WantedInputs* previous = wanted_inputs;
   wanted_inputs = &current;
   std::vector<DistTensor> out;
-  if (step_plan::active) step_plan::on_boundary();
+  if (step_plan::active) step_plan::on_backward(static_cast<const Node*>(node));
   try {
     out = node->apply(std::move(grads));
   } catch (...) {
@@ -282,7 +283,7 @@ std::vector<DistTensor> apply_node(Node* node, std::vector<DistTensor> grads, co
     throw;
   }
   wanted_inputs = previous;
-  if (step_plan::active) step_plan::on_boundary();
+  if (step_plan::active) step_plan::on_backward(nullptr);
   if (asked) *asked = current.asked;
   out.resize(node->next_edges.size());
   return out;

@@ -380,8 +380,8 @@ const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
 }
 
 const Strategy& planned(std::string_view op, const std::vector<int64_t>& attributes,
-                        const std::vector<DistTensor>& inputs, const Builder& build, bool plannable) {
-  return step_plan::dispatch(op, attributes, inputs, build, plannable);
+                        const std::vector<DistTensor>& inputs, const Builder& build) {
+  return step_plan::dispatch(op, attributes, inputs, build);
 }
 
 void trace(std::string_view op, const Strategy& s, const std::vector<DistTensor>& inputs, std::string_view note) {

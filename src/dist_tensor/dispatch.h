@@ -102,9 +102,7 @@ class MoveMemo {
 // strategies for inputs of those shapes and layouts; it runs only on a miss, so a hit
 // costs one hash lookup and no allocation. While a PlannedStep is open
 // (dtensor/step_plan.h) the step's plan chooses instead, and `build` is also asked
-// what the op offers for other layouts of its inputs. `plannable` is false for ops
-// whose backward is not itself dispatched (it derives layouts from the forward
-// strategy): a plan keeps their recorded strategy.
+// what the op offers for other layouts of its inputs.
 using Builder = std::function<std::vector<Strategy>(const std::vector<DistTensor>&)>;
 namespace detail {
 // Fills this rank's scratch key for (op, attributes, inputs) and looks it up.
@@ -116,16 +114,16 @@ const Strategy& insert(std::string_view op, std::vector<Strategy> strategies,
 // True while this rank has a PlannedStep open.
 inline bool step_open() { return step_plan::active != nullptr; }
 const Strategy& planned(std::string_view op, const std::vector<int64_t>& attributes,
-                        const std::vector<DistTensor>& inputs, const Builder& build, bool plannable);
+                        const std::vector<DistTensor>& inputs, const Builder& build);
 // Adds a decision to the active DispatchTrace (if any), with `note` appended.
 void trace(std::string_view op, const Strategy& s, const std::vector<DistTensor>& inputs, std::string_view note);
 }  // namespace detail
 
 template <class Build>
 const Strategy& cached_strategy(std::string_view op, const std::vector<int64_t>& attributes,
-                                const std::vector<DistTensor>& inputs, Build&& build, bool plannable = true) {
+                                const std::vector<DistTensor>& inputs, Build&& build) {
   if (detail::step_open()) [[unlikely]] {
-    return detail::planned(op, attributes, inputs, Builder(std::ref(build)), plannable);
+    return detail::planned(op, attributes, inputs, Builder(std::ref(build)));
   }
   if (const Strategy* hit = detail::lookup(op, attributes, inputs)) return *hit;
   return detail::insert(op, build(inputs), inputs);

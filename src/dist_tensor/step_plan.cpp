@@ -51,6 +51,9 @@ struct OpRecord {
   std::vector<DType> dtypes;
   DeviceMesh mesh;
   std::vector<int> producers;        // the op that made each input, or -1
+  // Which of the producer's layouts it has: 0 its output, r its input r-1 as its
+  // strategy needs it (a gradient a non-dispatched backward wraps in that layout).
+  std::vector<int> producer_roles;
   std::vector<Placements> recorded;  // each input's layout when recorded
   std::vector<dispatch::Strategy> domain;
   int greedy = 0;        // greedy dispatch's choice, an index into domain
@@ -58,13 +61,13 @@ struct OpRecord {
   bool wrapped = false;  // an output was seen (on_wrap)
   std::string pin_reason;
   // Code chose a path by these functions of the output's layout: the plan keeps them.
-  std::vector<std::function<bool(const Placements&)>> decisions;
+  std::vector<std::pair<int, std::function<bool(const Placements&)>>> decisions;  // (role, decides)
 };
 
 // A move the code asked for: from a tensor (made by op `from`, or of fixed layout) to
 // `to_layout`, or to the output layout of op `to`.
 struct MoveRecord {
-  int from = -1;
+  int from = -1, from_role = 0, to_role = 0;
   Placements from_layout;
   int to = -1;
   Placements to_layout;
@@ -95,6 +98,10 @@ struct Recorder {
   // the ops whose outputs became leaf gradients (their layout is the library's choice).
   std::vector<std::pair<std::weak_ptr<DistTensor::Impl>, int>> outputs;
   std::vector<int> gradient_ops;
+  // Record: the op whose autograd function is running (its backward's wraps and moves
+  // in the op's layouts follow the op's strategy), and each function's op.
+  int backward_of = -1;
+  std::unordered_map<const void*, int> function_ops;
 };
 
 namespace {
@@ -103,13 +110,19 @@ bool same_strategy(const dispatch::Strategy& a, const dispatch::Strategy& b) {
   return a.inputs == b.inputs && a.output == b.output;
 }
 
+// A tag: the recording's serial (high 32 bits), the role (8 bits), the op + 1 (24 bits).
 int producer_of(const Recorder& r, const DistTensor::Impl& impl) {
   if (impl.plan_tag == 0 || static_cast<uint32_t>(impl.plan_tag >> 32) != r.serial) return -1;
-  return static_cast<int>(impl.plan_tag & 0xffffffffu) - 1;
+  return static_cast<int>(impl.plan_tag & 0xffffffu) - 1;
+}
+int role_of(const DistTensor::Impl& impl) { return static_cast<int>((impl.plan_tag >> 24) & 0xffu); }
+
+uint64_t tag_for(const Recorder& r, int op, int role = 0) {
+  return (static_cast<uint64_t>(r.serial) << 32) | (static_cast<uint64_t>(role) << 24) | static_cast<uint64_t>(op + 1);
 }
 
-uint64_t tag_for(const Recorder& r, int op) {
-  return (static_cast<uint64_t>(r.serial) << 32) | static_cast<uint64_t>(op + 1);
+const Placements& layout_of(const dispatch::Strategy& s, int role) {
+  return role == 0 ? s.output : s.inputs[static_cast<size_t>(role - 1)];
 }
 
 // A stand-in with t's shape, dtype and mesh in other placements, for asking an op what
@@ -136,9 +149,8 @@ void fill_domain(OpRecord& rec, const Graph& graph, const dispatch::Builder& bui
     choices[j].push_back(rec.recorded[j]);
     if (rec.producers[j] >= 0) {
       for (const dispatch::Strategy& s : graph.ops[static_cast<size_t>(rec.producers[j])].domain) {
-        if (std::find(choices[j].begin(), choices[j].end(), s.output) == choices[j].end()) {
-          choices[j].push_back(s.output);
-        }
+        const Placements& p = layout_of(s, rec.producer_roles[j]);
+        if (std::find(choices[j].begin(), choices[j].end(), p) == choices[j].end()) choices[j].push_back(p);
       }
     }
     combinations = std::min(combinations * choices[j].size(), kMaxCombinations + 1);
@@ -197,17 +209,25 @@ class Problem {
     moves_of_.resize(n);
     for (size_t i = 0; i < n; ++i) {
       const OpRecord& op = graph.ops[i];
-      for (const dispatch::Strategy& s : op.domain) out_index_[i].push_back(intern(outs_[i], s.output));
+      out_index_[i].resize(op.shapes.size() + 1);
+      outs_[i].resize(op.shapes.size() + 1);
+      for (size_t role = 0; role <= op.shapes.size(); ++role) {
+        for (const dispatch::Strategy& s : op.domain) {
+          out_index_[i][role].push_back(intern(outs_[i][role], layout_of(s, static_cast<int>(role))));
+        }
+      }
     }
     for (size_t i = 0; i < n; ++i) {
       const OpRecord& op = graph.ops[i];
       for (size_t j = 0; j < op.shapes.size(); ++j) {
         Edge e;
         e.producer = op.producers[j];
+        e.role = op.producer_roles[j];
         std::vector<Placements> required;
         for (const dispatch::Strategy& s : op.domain) e.required.push_back(intern(required, s.inputs[j]));
         const std::vector<Placements> sources =
-            e.producer >= 0 ? outs_[static_cast<size_t>(e.producer)] : std::vector<Placements>{op.recorded[j]};
+            e.producer >= 0 ? outs_[static_cast<size_t>(e.producer)][static_cast<size_t>(e.role)]
+                            : std::vector<Placements>{op.recorded[j]};
         e.seconds = table(sources, required, op.shapes[j], op.dtypes[j], op.mesh);
         if (e.producer >= 0)
           consumers_[static_cast<size_t>(e.producer)].push_back({static_cast<int>(i), static_cast<int>(j)});
@@ -220,10 +240,14 @@ class Problem {
       Move move;
       move.from = mv.from;
       move.to = mv.to;
+      move.from_role = mv.from_role;
+      move.to_role = mv.to_role;
       const std::vector<Placements> sources =
-          mv.from >= 0 ? outs_[static_cast<size_t>(mv.from)] : std::vector<Placements>{mv.from_layout};
-      const std::vector<Placements> targets =
-          mv.to >= 0 ? outs_[static_cast<size_t>(mv.to)] : std::vector<Placements>{mv.to_layout};
+          mv.from >= 0 ? outs_[static_cast<size_t>(mv.from)][static_cast<size_t>(mv.from_role)]
+                       : std::vector<Placements>{mv.from_layout};
+      const std::vector<Placements> targets = mv.to >= 0
+                                                  ? outs_[static_cast<size_t>(mv.to)][static_cast<size_t>(mv.to_role)]
+                                                  : std::vector<Placements>{mv.to_layout};
       move.seconds = table(sources, targets, mv.shape, mv.dtype, mv.mesh);
       if (mv.from >= 0) moves_of_[static_cast<size_t>(mv.from)].push_back(moves_.size());
       if (mv.to >= 0 && mv.to != mv.from) moves_of_[static_cast<size_t>(mv.to)].push_back(moves_.size());
@@ -251,7 +275,7 @@ class Problem {
     for (size_t j = 0; j < edges_[i].size(); ++j) seconds += input(i, j, s, plan);
     for (const auto& [k, j] : consumers_[i]) {
       const Edge& e = edges_[static_cast<size_t>(k)][static_cast<size_t>(j)];
-      seconds += e.seconds[out(i, s)][e.required[static_cast<size_t>(plan[static_cast<size_t>(k)])]];
+      seconds += e.seconds[out(i, e.role, s)][e.required[static_cast<size_t>(plan[static_cast<size_t>(k)])]];
     }
     for (size_t m : moves_of_[i]) seconds += move(moves_[m], plan, static_cast<int>(i), s);
     return seconds;
@@ -271,12 +295,12 @@ class Problem {
           const size_t kk = static_cast<size_t>(k);
           const Edge& e = edges_[kk][static_cast<size_t>(j)];
           if (parent[kk] != j) {
-            seconds += e.seconds[out(i, static_cast<int>(s))][e.required[static_cast<size_t>(plan[kk])]];
+            seconds += e.seconds[out(i, e.role, static_cast<int>(s))][e.required[static_cast<size_t>(plan[kk])]];
             continue;
           }
           double best = std::numeric_limits<double>::infinity();
           for (size_t t = 0; t < domain(kk); ++t) {
-            double c = e.seconds[out(i, static_cast<int>(s))][e.required[t]] + below[kk][t];
+            double c = e.seconds[out(i, e.role, static_cast<int>(s))][e.required[t]] + below[kk][t];
             for (size_t jj = 0; jj < edges_[kk].size(); ++jj) {
               if (static_cast<int>(jj) != j) c += input(kk, jj, static_cast<int>(t), plan);
             }
@@ -343,12 +367,12 @@ class Problem {
 
  private:
   struct Edge {
-    int producer = -1;
+    int producer = -1, role = 0;
     std::vector<int> required;                 // per strategy of the consumer
     std::vector<std::vector<double>> seconds;  // [source layout][required layout]
   };
   struct Move {
-    int from = -1, to = -1;
+    int from = -1, to = -1, from_role = 0, to_role = 0;
     std::vector<std::vector<double>> seconds;  // [source layout][target layout]
   };
 
@@ -382,26 +406,28 @@ class Problem {
     return t;
   }
 
-  size_t out(size_t i, int s) const { return static_cast<size_t>(out_index_[i][static_cast<size_t>(s)]); }
+  size_t out(size_t i, int role, int s) const {
+    return static_cast<size_t>(out_index_[i][static_cast<size_t>(role)][static_cast<size_t>(s)]);
+  }
 
   double input(size_t i, size_t j, int s, const std::vector<int>& plan) const {
     const Edge& e = edges_[i][j];
     const size_t source =
-        e.producer >= 0 ? out(static_cast<size_t>(e.producer), plan[static_cast<size_t>(e.producer)]) : 0;
+        e.producer >= 0 ? out(static_cast<size_t>(e.producer), e.role, plan[static_cast<size_t>(e.producer)]) : 0;
     return e.seconds[source][static_cast<size_t>(e.required[static_cast<size_t>(s)])];
   }
 
   // The move's cost under `plan`, with op `who` (if >= 0) at strategy s instead.
   double move(const Move& m, const std::vector<int>& plan, int who, int s) const {
     auto at = [&](int op) { return op == who ? s : plan[static_cast<size_t>(op)]; };
-    const size_t a = m.from >= 0 ? out(static_cast<size_t>(m.from), at(m.from)) : 0;
-    const size_t b = m.to >= 0 ? out(static_cast<size_t>(m.to), at(m.to)) : 0;
+    const size_t a = m.from >= 0 ? out(static_cast<size_t>(m.from), m.from_role, at(m.from)) : 0;
+    const size_t b = m.to >= 0 ? out(static_cast<size_t>(m.to), m.to_role, at(m.to)) : 0;
     return m.seconds[a][b];
   }
 
   const Graph& graph_;
-  std::vector<std::vector<int>> out_index_;
-  std::vector<std::vector<Placements>> outs_;
+  std::vector<std::vector<std::vector<int>>> out_index_;    // [op][role][strategy] -> index into outs_[op][role]
+  std::vector<std::vector<std::vector<Placements>>> outs_;  // [op][role]: its distinct layouts
   std::vector<std::vector<Edge>> edges_;
   std::vector<std::vector<std::pair<int, int>>> consumers_;
   std::vector<Move> moves_;
@@ -427,12 +453,14 @@ Solution solve(Graph& graph, int64_t max_evaluations) {
       op.greedy = 0;
     }
     if (!op.decisions.empty() && op.domain.size() > 1) {
-      // Only strategies whose output takes the recorded paths.
-      const Placements recorded = op.domain[static_cast<size_t>(op.greedy)].output;
+      // Only strategies whose layouts take the recorded paths.
+      const dispatch::Strategy recorded = op.domain[static_cast<size_t>(op.greedy)];
       std::vector<dispatch::Strategy> kept;
       for (size_t i = 0; i < op.domain.size(); ++i) {
         bool same = true;
-        for (const auto& decides : op.decisions) same &= decides(op.domain[i].output) == decides(recorded);
+        for (const auto& [role, decides] : op.decisions) {
+          same &= decides(layout_of(op.domain[i], role)) == decides(layout_of(recorded, role));
+        }
         if (static_cast<int>(i) == op.greedy) op.greedy = static_cast<int>(kept.size());
         if (same) kept.push_back(op.domain[i]);
       }
@@ -523,6 +551,7 @@ int64_t fingerprint(const Graph& graph) {
     for (size_t j = 0; j < op.shapes.size(); ++j) {
       for (int64_t d : op.shapes[j]) mix(static_cast<uint64_t>(d));
       mix(static_cast<uint64_t>(op.producers[j]));
+      mix(static_cast<uint64_t>(op.producer_roles[j]));
       mix_placements(op.recorded[j]);
     }
     mix(static_cast<uint64_t>(op.greedy));
@@ -564,8 +593,7 @@ bool ranks_agree(Graph& graph) {
 }  // namespace
 
 const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_t>& attributes,
-                                   const std::vector<DistTensor>& inputs, const dispatch::Builder& build,
-                                   bool plannable) {
+                                   const std::vector<DistTensor>& inputs, const dispatch::Builder& build) {
   Recorder& r = *active;
   ++r.ops;
   r.open = -1;
@@ -606,15 +634,14 @@ const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_
     rec.shapes.push_back(t.shape());
     rec.dtypes.push_back(t.dtype());
     rec.producers.push_back(producer_of(r, *t.impl()));
+    rec.producer_roles.push_back(rec.producers.back() >= 0 ? role_of(*t.impl()) : 0);
     rec.recorded.push_back(t.placements());
   }
-  if (plannable) fill_domain(rec, r.graph, build);
+  fill_domain(rec, r.graph, build);
   const auto it = std::find_if(rec.domain.begin(), rec.domain.end(),
                                [&](const dispatch::Strategy& s) { return same_strategy(s, chosen); });
   rec.greedy = static_cast<int>(it - rec.domain.begin());
   if (it == rec.domain.end()) rec.domain.push_back(chosen);
-  rec.pinned = !plannable;
-  if (!plannable) rec.pin_reason = "its backward is not dispatched";
   r.graph.ops.push_back(std::move(rec));
   r.open = static_cast<int>(r.graph.ops.size()) - 1;
   return chosen;
@@ -622,8 +649,8 @@ const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_
 
 void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl) {
   Recorder& r = *active;
-  if (r.open < 0) return;
   if (r.mode == Recorder::Mode::Replay) {
+    if (r.open < 0) return;
     // An output whose layout the plan changed: reading its shard is an error (on_observe).
     const OpRecord& op = r.plan_graph->ops[static_cast<size_t>(r.open)];
     const dispatch::Strategy& planned = op.domain[static_cast<size_t>((*r.plan_choice)[static_cast<size_t>(r.open)])];
@@ -633,6 +660,20 @@ void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl) {
     return;
   }
   if (r.mode != Recorder::Mode::Record) return;
+  if (r.open < 0) {
+    // A wrap in an op's backward function: a gradient in one of the op's layouts follows
+    // the op's strategy (another layout is the code's, fixed).
+    if (r.backward_of < 0) return;
+    const OpRecord& op = r.graph.ops[static_cast<size_t>(r.backward_of)];
+    const dispatch::Strategy& greedy = op.domain[static_cast<size_t>(op.greedy)];
+    for (int role = 0; role <= static_cast<int>(greedy.inputs.size()); ++role) {
+      if (impl->placements == layout_of(greedy, role)) {
+        impl->plan_tag = tag_for(r, r.backward_of, role);
+        return;
+      }
+    }
+    return;
+  }
   OpRecord& op = r.graph.ops[static_cast<size_t>(r.open)];
   if (impl->placements == op.domain[static_cast<size_t>(op.greedy)].output) {
     impl->plan_tag = tag_for(r, r.open);
@@ -645,6 +686,28 @@ void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl) {
 }
 
 void on_boundary() { active->open = -1; }
+
+void on_function(const void* node, const std::vector<DistTensor>& outputs) {
+  Recorder& r = *active;
+  if (r.mode != Recorder::Mode::Record) return;
+  for (const DistTensor& t : outputs) {
+    if (!t.defined()) continue;
+    const int op = producer_of(r, *t.impl());
+    if (op >= 0 && role_of(*t.impl()) == 0) {
+      r.function_ops[node] = op;
+      return;
+    }
+  }
+  r.function_ops.erase(node);  // an address reused by a function of no recorded op
+}
+
+void on_backward(const void* node) {
+  Recorder& r = *active;
+  r.open = -1;
+  if (r.mode != Recorder::Mode::Record) return;
+  const auto it = node ? r.function_ops.find(node) : r.function_ops.end();
+  r.backward_of = it == r.function_ops.end() ? -1 : it->second;
+}
 
 void on_observe(const DistTensor::Impl& impl) {
   DT_CHECK_ARG(impl.plan_tag != kChangedLayout, "DistTensor::to_local", "this tensor's layout (",
@@ -670,13 +733,29 @@ void on_redistribute(const DistTensor& source, const Placements& to) {
   if (r.mode != Recorder::Mode::Record) return;
   MoveRecord m;
   m.from = producer_of(r, *source.impl());
+  if (m.from >= 0) m.from_role = role_of(*source.impl());
   m.from_layout = source.placements();
   m.to_layout = to;
+  if (r.backward_of >= 0) {
+    // An op's backward moving a gradient to one of the op's layouts: the target follows
+    // the op's strategy.
+    const OpRecord& op = r.graph.ops[static_cast<size_t>(r.backward_of)];
+    const dispatch::Strategy& greedy = op.domain[static_cast<size_t>(op.greedy)];
+    for (int role = 0; role <= static_cast<int>(greedy.inputs.size()) && m.to < 0; ++role) {
+      if (to == layout_of(greedy, role)) {
+        m.to = r.backward_of;
+        m.to_role = role;
+      }
+    }
+  }
   m.shape = source.shape();
   m.dtype = source.dtype();
   m.mesh = source.mesh();
   for (MoveRecord& e : r.graph.moves) {
-    if (e.expected && !e.dropped && e.from == m.from && m.from >= 0 && e.to < 0 && e.to_layout == to) e.dropped = true;
+    if (e.expected && !e.dropped && e.from == m.from && e.from_role == m.from_role && m.from >= 0 && e.to < 0 &&
+        e.to_layout == to) {
+      e.dropped = true;
+    }
   }
   r.graph.moves.push_back(std::move(m));
 }
@@ -695,7 +774,7 @@ void on_keep_decision(const DistTensor& t, std::function<bool(const Placements&)
   Recorder& r = *active;
   if (r.mode != Recorder::Mode::Record || !t.defined()) return;
   const int op = producer_of(r, *t.impl());
-  if (op >= 0) r.graph.ops[static_cast<size_t>(op)].decisions.push_back(std::move(decides));
+  if (op >= 0) r.graph.ops[static_cast<size_t>(op)].decisions.emplace_back(role_of(*t.impl()), std::move(decides));
 }
 
 void on_accumulate(const DistTensor& a, const DistTensor& b, const DistTensor& result) {
@@ -704,8 +783,10 @@ void on_accumulate(const DistTensor& a, const DistTensor& b, const DistTensor& r
   if (r.mode != Recorder::Mode::Record) return;
   MoveRecord m;
   m.from = producer_of(r, *b.impl());
+  if (m.from >= 0) m.from_role = role_of(*b.impl());
   m.from_layout = b.placements();
   m.to = producer_of(r, *a.impl());
+  if (m.to >= 0) m.to_role = role_of(*a.impl());
   m.to_layout = a.placements();
   m.shape = b.shape();
   m.dtype = b.dtype();
@@ -720,6 +801,7 @@ void on_leaf_gradient(const DistTensor& leaf, const DistTensor& grad) {
   MoveRecord m;
   m.from = producer_of(r, *grad.impl());
   if (m.from < 0) return;
+  m.from_role = role_of(*grad.impl());
   r.gradient_ops.push_back(m.from);
   m.from_layout = grad.placements();
   m.to_layout = leaf.placements();

@@ -16,13 +16,17 @@ namespace dtensor::step_plan {
 // A dispatched op while a step is open: the planned strategy on replay, else the
 // greedy one (recorded with the candidates `build` offers for other input layouts).
 const dispatch::Strategy& dispatch(std::string_view op, const std::vector<int64_t>& attributes,
-                                   const std::vector<DistTensor>& inputs, const dispatch::Builder& build,
-                                   bool plannable);
+                                   const std::vector<DistTensor>& inputs, const dispatch::Builder& build);
 // A DistTensor wrapped by dispatch::wrap: the output of the op dispatched last, if
 // nothing else happened since (on_boundary).
 void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl);
 // Autograd records a function or runs one: wraps that follow belong to no op.
 void on_boundary();
+// Autograd recorded `node` (an autograd::Node) for an op's outputs, or is about to run
+// it (null when the function ended): wraps and moves in the function that are in one of
+// the op's layouts follow the op's strategy.
+void on_function(const void* node, const std::vector<DistTensor>& outputs);
+void on_backward(const void* node);
 // A tensor's local shard read outside the dispatch machinery (DistTensor::to_local(),
 // called whenever the tensor has a plan tag, a step open or not): its layout is seen by
 // code the plan cannot follow, so the op that made it keeps its recorded layout. A
