@@ -4,12 +4,17 @@
 //   dtensor-plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 \
 //                --cluster h100 --devices 1024 --global-batch 1536
 //   dtensor-plan --validate    # the model against published runs; exit 0 when all within 15%
+//   dtensor-plan --calibrate machine.json      # measure this machine (GEMMs, copies, collectives)
+//   dtensor-plan --profile machine.json --devices 2 --layers 2 --hidden 64 --heads 4 --seq 32 --vocab 32 \
+//                --global-batch 8          # ranked on this machine's measured rates
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
 
 #include "common/cli.h"
+#include "dtensor/group.h"
+#include "dtensor/parallel/machine_profile.h"
 #include "dtensor/parallel/plan.h"
 
 using namespace dtensor;
@@ -72,7 +77,8 @@ int main(int argc, char** argv) {
   int64_t layers = 24, hidden = 2048, heads = 16, kv_heads = 0, ffn = 0, seq = 2048, vocab = 51200, devices = 8,
           batch = 512, top = 10, experts = 0, top_k = 0;
   double memory_gb = 0;
-  std::string source;
+  std::string source, calibrate_to, profile_path, backend = "threads";
+  int64_t ranks = 0;
   bool run_validation = false, show_rejected = false;
   app.add_option("--model", family, "gpt (GELU MLP, tied embeddings) or llama (SwiGLU, GQA, untied)")
       ->check(CLI::IsMember({"gpt", "llama"}));
@@ -94,16 +100,42 @@ int main(int argc, char** argv) {
   app.add_flag("--rejected", show_rejected, "also list why the other configurations were rejected");
   app.add_flag("--validate", run_validation, "compare the model with published runs (exit 0 when all within 15%)");
   app.add_option("--source", source, "with --validate: only the runs whose source names this (e.g. Megatron-LM)");
+  app.add_option("--calibrate", calibrate_to,
+                 "measure this machine's GEMMs, memory copies and collectives and write the profile to this file");
+  app.add_option("--ranks", ranks, "with --calibrate: ranks busy at once (0: the cores; mpi: the world)")
+      ->capture_default_str();
+  app.add_option("--backend", backend, "with --calibrate: threads, or mpi under mpirun")
+      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->capture_default_str();
+  app.add_option("--profile", profile_path, "rank on a measured machine (a --calibrate file) instead of --cluster");
   try {
     if (!tools::parse_command_line(app, argc, argv)) return 0;
     if (run_validation) return validate(0.15, source);
+    if (!calibrate_to.empty()) {
+      CalibrationOptions options;
+      options.ranks = ranks;
+      options.backend = backend;
+      const MachineProfile profile = calibrate(options);
+      if (backend == "mpi" && init("mpi").rank() != 0) return 0;  // rank 0 reports and writes
+      std::printf("%s\n", profile.machine.c_str());
+      for (const CalibrationSamples::Gemm& g : profile.samples.gemm)
+        std::printf("  GEMM %4lld^3: %7.2f GFLOP/s per rank\n", static_cast<long long>(g.dim), g.flops_per_s / 1e9);
+      for (const CalibrationSamples::Collective& c : profile.samples.all_reduce)
+        std::printf("  all-reduce %9lld B over %lld ranks: %9.1f us\n", static_cast<long long>(c.bytes),
+                    static_cast<long long>(profile.ranks), c.seconds * 1e6);
+      std::printf("fitted: %s\n", profile.to_string().c_str());
+      profile.save(calibrate_to);
+      std::printf("wrote %s\n", calibrate_to.c_str());
+      return 0;
+    }
     ModelSpec model = family == "llama" ? ModelSpec::llama(layers, hidden, heads, kv_heads, ffn, seq, vocab)
                                         : ModelSpec::gpt(layers, hidden, heads, seq, vocab);
     model.ffn_hidden = ffn;
     model.kv_heads = kv_heads;
     model.experts = experts;
     model.top_k = top_k;
-    ClusterSpec cluster = ClusterSpec::preset(cluster_name, devices);
+    ClusterSpec cluster = profile_path.empty() ? ClusterSpec::preset(cluster_name, devices)
+                                               : MachineProfile::load(profile_path).cluster(devices);
     if (memory_gb > 0) cluster.memory_bytes = memory_gb * 1e9;
     const PlanSearch found = search_plans(model, cluster, batch);
     std::printf(

@@ -30,6 +30,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "dtensor/parallel/machine_profile.h"
+#include "dtensor/parallel/plan.h"
 #include "train_config.h"  // the keys of the flags and the config file (examples/common)
 #include "train_log.h"
 
@@ -567,15 +569,112 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   }
 }
 
+// --plan auto: the estimator's fastest configuration (dtensor/parallel/plan.h) of this
+// model on --mesh's number of ranks, on this machine's measured rates (--profile, or a
+// short calibration now), written over the layout flags. The ranked list is printed;
+// a configuration train_gpt cannot run (its own checks say why) passes to the next.
+TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
+  const Settings base = read_settings(given);  // the user's flags must stand on their own
+  const int64_t ranks = shape_numel(base.mesh.shape);
+  parallel::ModelSpec model =
+      parallel::ModelSpec::gpt(given.layers, given.dim, given.heads, given.seq_len, given.vocab);
+  model.name = "train_gpt's GPT";
+  model.ffn_hidden = given.mlp_hidden;
+  model.gated_mlp = given.activation == "swiglu";
+  model.tied_embeddings = given.tie_weights;
+  model.experts = given.moe_experts;
+  model.top_k = given.moe_experts > 0 ? given.moe_top_k : 0;
+  model.flash_attention = false;  // the CPU attention keeps its [s, s] probabilities
+  // Ops this GPT dispatches per micro-batch, forward and backward, counted by recording
+  // steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2 micro-batches.
+  model.ops_per_layer = 88;
+  model.ops_outside_layers = 35;
+  const bool leader = !mpi_world || mpi_world->rank() == 0;
+  parallel::MachineProfile profile;
+  if (!given.profile.empty()) {
+    profile = parallel::MachineProfile::load(given.profile);
+  } else {
+    parallel::CalibrationOptions calibration;
+    calibration.backend = mpi_world ? "mpi" : "threads";
+    calibration.ranks = mpi_world ? 0 : ranks;
+    calibration.seconds_per_sample = 0.02;
+    if (leader) std::printf("--plan auto: measuring this machine (dtensor-plan --calibrate saves it)\n");
+    profile = parallel::calibrate(calibration);  // the same samples, and so the same choice, on every rank
+  }
+  const parallel::ClusterSpec cluster = profile.cluster(ranks);
+  parallel::PlanSearchOptions options;
+  options.recompute = {parallel::Recompute::None, parallel::Recompute::Full};  // --checkpoint-activations
+  options.max_micro_batch = given.batch;                                       // any micro-batch size runs here
+  const parallel::PlanSearch found = parallel::search_plans(model, cluster, given.batch, options);
+  if (leader) {
+    std::printf("--plan auto: %s on %lld ranks; %s\n", model.name.c_str(), static_cast<long long>(ranks),
+                profile.to_string().c_str());
+  }
+  std::string refused;
+  for (size_t i = 0; i < found.ranked.size(); ++i) {
+    const parallel::ParallelPlan& p = found.ranked[i].plan;
+    TrainConfig c = given;
+    std::string mesh;
+    for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", p.pp}, {"dp", p.dp}, {"tp", p.tp}}) {
+      if (size > 1) mesh += (mesh.empty() ? "" : ",") + std::string(name) + "=" + std::to_string(size);
+    }
+    c.mesh = mesh.empty() ? "dp=1" : mesh;
+    c.fsdp = p.zero;
+    c.hsdp = false;
+    c.sequence_parallel = p.sequence_parallel;
+    c.checkpoint_activations = p.recompute == parallel::Recompute::Full;
+    c.schedule = p.pp == 1                                           ? ""
+                 : p.schedule == parallel::PlanSchedule::GPipe       ? "gpipe"
+                 : p.schedule == parallel::PlanSchedule::Interleaved ? "interleaved"
+                                                                     : "1f1b";
+    c.microbatches = p.pp > 1 ? p.micro_batches : 0;
+    c.virtual_stages = p.pp > 1 ? p.virtual_stages : 1;
+    c.grad_accum = p.pp > 1 ? 1 : p.micro_batches;
+    try {
+      (void)read_settings(c);
+    } catch (const std::invalid_argument& e) {
+      refused += std::string("\n  train_gpt cannot run ") + p.to_string() + ": " + e.what();
+      continue;
+    }
+    if (leader) {
+      for (size_t j = 0; j < found.ranked.size() && j < 5; ++j) {
+        std::printf("  %zu. %s\n", j + 1, found.ranked[j].to_string().c_str());
+      }
+      if (!refused.empty()) std::printf("skipped:%s\n", refused.c_str());
+      std::printf("--plan auto chose #%zu: --mesh %s --fsdp %lld%s%s%s (%zu configurations fit, %zu rejected)\n", i + 1,
+                  c.mesh.c_str(), static_cast<long long>(c.fsdp),
+                  c.grad_accum > 1 ? (" --grad-accum " + std::to_string(c.grad_accum)).c_str() : "",
+                  p.pp > 1 ? (" --schedule " + c.schedule + " --microbatches " + std::to_string(c.microbatches) +
+                              (c.virtual_stages > 1 ? " --virtual-stages " + std::to_string(c.virtual_stages) : ""))
+                                 .c_str()
+                           : "",
+                  std::string(c.checkpoint_activations ? " --checkpoint-activations" : "")
+                      .append(c.sequence_parallel ? " --sequence-parallel" : "")
+                      .c_str(),
+                  found.ranked.size(), found.rejected.size());
+    }
+    return c;
+  }
+  throw std::invalid_argument("--plan auto: no configuration of " + std::to_string(ranks) + " ranks fits and runs (" +
+                              std::to_string(found.rejected.size()) + " rejected" +
+                              (found.rejected.empty() ? "" : ", e.g. " + found.rejected.front().rejected) + ")" +
+                              refused);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Settings settings;
+  std::optional<TrainConfig> config;
   try {
     // Defaults, then the config file (--config), then the flags given here.
-    const std::optional<TrainConfig> config = tools::parse_train_args(argc, argv);
+    config = tools::parse_train_args(argc, argv);
     if (!config) return 0;  // --help
-    settings = read_settings(*config);
+    if (config->plan == "auto" && config->backend != "mpi") {
+      settings = read_settings(choose_plan(*config, nullptr));
+    } else {
+      settings = read_settings(*config);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_gpt: %s\n", e.what());
     return 2;
@@ -584,6 +683,7 @@ int main(int argc, char** argv) {
     const std::unique_ptr<TokenDataset> data = make_dataset(settings);
     if (settings.backend == "mpi") {
       Group world = init("mpi");
+      if (config->plan == "auto") settings = read_settings(choose_plan(*config, &world));
       const int64_t ranks = shape_numel(settings.mesh.shape);
       if (world.size() != ranks) {
         throw std::invalid_argument("--mesh " + settings.mesh.to_string() + " needs " + std::to_string(ranks) +

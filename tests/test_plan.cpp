@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "dtensor/cost_model.h"
 #include "dtensor/parallel/plan.h"
 
 namespace dtensor::parallel {
@@ -56,12 +57,12 @@ TEST(Plan, PipelineBubbleAndActivationsInFlight) {
   ParallelPlan p = plan_of(2, 8, 4, 1, 64);  // m = 32
   const PlanEstimate one = estimate_plan(m, c, 64, p);
   EXPECT_NEAR(one.bubble_seconds / (one.compute_seconds + one.tp_seconds), 3.0 / 32, 1e-12);
-  p.schedule = Schedule::Interleaved;
+  p.schedule = PlanSchedule::Interleaved;
   p.virtual_stages = 2;
   const PlanEstimate interleaved = estimate_plan(m, c, 64, p);
   EXPECT_NEAR(interleaved.bubble_seconds / (interleaved.compute_seconds + interleaved.tp_seconds), 3.0 / 64, 1e-12);
   EXPECT_LT(interleaved.step_seconds, one.step_seconds + one.pp_seconds * 2);
-  p.schedule = Schedule::GPipe;
+  p.schedule = PlanSchedule::GPipe;
   p.virtual_stages = 1;
   const PlanEstimate gpipe = estimate_plan(m, c, 64, p);
   // GPipe's last stage holds all 32 and the FP32 logits (the most); 1F1B's first, 4.
@@ -89,6 +90,44 @@ TEST(Plan, ActivationsFollowKorthikanti) {
   EXPECT_NEAR(activations(Recompute::Selective, true), layers * sbh * 34 / t, 1);
   // Full: each layer's input, plus the one layer rebuilt at a time.
   EXPECT_NEAR(activations(Recompute::Full, true), layers * 2 * sbh / t + sbh * (34 / t + scores), 1);
+}
+
+// Host dispatch: op_seconds for every op of every micro-batch on the device's layers
+// (a third more of a block's under full recomputation), inside compute.
+TEST(Plan, DispatchOverheadScalesWithMicroBatchesAndLayers) {
+  ModelSpec m = ModelSpec::gpt(4, 256, 8, 64, 32);
+  m.ops_per_layer = 80;
+  m.ops_outside_layers = 30;
+  ClusterSpec c = ClusterSpec::preset("cpu", 2);
+  const ParallelPlan four = plan_of(2, 1, 1, 0, 16, 2);  // 4 micro-batches of 2
+  const PlanEstimate free_ops = estimate_plan(m, c, 16, four);
+  EXPECT_EQ(free_ops.overhead_seconds, 0);
+  c.op_seconds = 5e-6;
+  const PlanEstimate costed = estimate_plan(m, c, 16, four);
+  EXPECT_NEAR(costed.overhead_seconds, 4 * 5e-6 * (80 * 4 + 30), 1e-12);
+  EXPECT_NEAR(costed.compute_seconds - free_ops.compute_seconds, costed.overhead_seconds, 1e-12);
+  ParallelPlan full = four;
+  full.recompute = Recompute::Full;
+  EXPECT_NEAR(estimate_plan(m, c, 16, full).overhead_seconds, 4 * 5e-6 * (80 * 4 * 4.0 / 3 + 30), 1e-12);
+  // Half the layers on each of two stages.
+  const PlanEstimate staged = estimate_plan(m, c, 16, plan_of(1, 1, 2, 0, 16, 4));
+  EXPECT_NEAR(staged.overhead_seconds, 4 * 5e-6 * (80 * 2 + 30), 1e-12);
+}
+
+// Where the cores that compute also copy (the CPU), the data-parallel reduction is not
+// hidden behind backward: its whole time is on the step.
+TEST(Plan, CommunicationWithoutOverlapIsExposed) {
+  const ModelSpec m = ModelSpec::gpt(4, 256, 8, 64, 32);
+  ClusterSpec c = ClusterSpec::preset("cpu", 2);
+  EXPECT_FALSE(c.overlap_communication);
+  const ParallelPlan ddp = plan_of(2, 1, 1, 0, 16, 8);
+  const PlanEstimate exposed = estimate_plan(m, c, 16, ddp);
+  const CostModel threads = CostModel::for_backend("threads", 2);
+  const double grads = static_cast<double>(m.parameters()) * 4;
+  // (the stage holds the parameters but the position table: within 0.1%)
+  EXPECT_NEAR(exposed.dp_seconds / threads.all_reduce(static_cast<int64_t>(grads), 2), 1, 1e-3);
+  c.overlap_communication = true;  // behind a backward far longer than the all-reduce
+  EXPECT_EQ(estimate_plan(m, c, 16, ddp).dp_seconds, 0);
 }
 
 TEST(Plan, SearchRanksFeasiblePlansAndSaysWhyOthersWereRejected) {

@@ -21,6 +21,13 @@ const std::vector<TrainKey>& train_keys() {
       {"mesh", &C::mesh,
        "parallel layout: dp=2, tp=2, dp=2,tp=2, replicate=2,dp=2, pp=4,dp=2,tp=2, ... (the product is the number "
        "of ranks)"},
+      {"plan",
+       &C::plan,
+       "auto: the fastest layout the estimator finds for --mesh's number of ranks (dp, tp, pp, ZeRO stage, "
+       "micro-batches, schedule, recomputation, sequence parallelism) replaces those flags",
+       {"none", "auto"}},
+      {"profile", &C::profile,
+       "with --plan auto: this machine's rates from dtensor-plan --calibrate (empty: a short calibration now)"},
       {"schedule", &C::schedule, "with pp: gpipe, 1f1b, interleaved or zero-bubble (empty: 1f1b)"},
       {"microbatches", &C::microbatches,
        "with pp: micro-batches per step (0: 2 x pp; interleaved needs a multiple of pp)"},

@@ -144,6 +144,7 @@ ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {
     c.intra_bandwidth = c.inter_bandwidth = threads.bandwidth_bytes_per_s;
     c.intra_latency = c.inter_latency = threads.latency_s;
     c.memory_bandwidth = threads.local_bandwidth_bytes_per_s;
+    c.overlap_communication = false;
     c.bytes_per_value = 4;
     return c;
   }
@@ -175,7 +176,7 @@ std::string ParallelPlan::to_string() const {
   os << "dp=" << dp << " tp=" << tp << " pp=" << pp << " zero=" << zero << " micro-batch=" << micro_batch
      << " micro-batches=" << micro_batches;
   if (pp > 1) os << " schedule=" << schedules[static_cast<int>(schedule)];
-  if (schedule == Schedule::Interleaved) os << " v=" << virtual_stages;
+  if (schedule == PlanSchedule::Interleaved) os << " v=" << virtual_stages;
   os << " recompute=" << recomputes[static_cast<int>(recompute)];
   if (sequence_parallel) os << " sp";
   return os.str();
@@ -187,11 +188,13 @@ std::string PlanEstimate::to_string() const {
   os << plan.to_string() << ": ";
   if (!rejected.empty() && fits) return os.str() + "rejected: " + rejected;
   if (!fits) os << "(does not fit: " << rejected << ") ";
-  os << "step " << step_seconds << " s (compute " << compute_seconds << ", tp " << tp_seconds << ", pp " << pp_seconds
-     << ", bubble " << bubble_seconds << ", dp " << dp_seconds << ", optimizer " << optimizer_seconds << "), MFU "
-     << mfu * 100 << "%, " << hardware_flops_per_device / 1e12 << " TFLOP/s per device, memory "
-     << gigabytes(memory_bytes) << " (parameters " << gigabytes(param_bytes) << ", gradients " << gigabytes(grad_bytes)
-     << ", optimizer " << gigabytes(optimizer_bytes) << ", activations " << gigabytes(activation_bytes);
+  os << "step " << step_seconds << " s (compute " << compute_seconds;
+  if (overhead_seconds > 0) os << " with dispatch " << overhead_seconds;
+  os << ", tp " << tp_seconds << ", pp " << pp_seconds << ", bubble " << bubble_seconds << ", dp " << dp_seconds
+     << ", optimizer " << optimizer_seconds << "), MFU " << mfu * 100 << "%, " << hardware_flops_per_device / 1e12
+     << " TFLOP/s per device, memory " << gigabytes(memory_bytes) << " (parameters " << gigabytes(param_bytes)
+     << ", gradients " << gigabytes(grad_bytes) << ", optimizer " << gigabytes(optimizer_bytes) << ", activations "
+     << gigabytes(activation_bytes);
   if (working_set_bytes > 0) os << ", gathered " << gigabytes(working_set_bytes);
   os << ")";
   return os.str();
@@ -214,7 +217,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     return reject(why.str());
   }
   if (model.heads % p.tp != 0) return reject("tp does not divide the " + std::to_string(model.heads) + " heads");
-  const int64_t v = p.schedule == Schedule::Interleaved ? p.virtual_stages : 1;
+  const int64_t v = p.schedule == PlanSchedule::Interleaved ? p.virtual_stages : 1;
   if (v < 1 || model.layers < p.pp * v) {
     return reject("fewer layers (" + std::to_string(model.layers) + ") than pp x virtual stages");
   }
@@ -223,7 +226,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     why << "micro-batches x micro-batch x dp must be the global batch " << global_batch;
     return reject(why.str());
   }
-  if (p.schedule == Schedule::Interleaved && (p.pp == 1 || v < 2 || p.micro_batches % p.pp != 0)) {
+  if (p.schedule == PlanSchedule::Interleaved && (p.pp == 1 || v < 2 || p.micro_batches % p.pp != 0)) {
     return reject("the interleaved schedule needs pp > 1, v >= 2 and micro-batches divisible by pp");
   }
   if (p.zero < 0 || p.zero > 3) return reject("ZeRO stage must be 0-3");
@@ -263,15 +266,15 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   }
   double in_flight = 1;  // micro-batches whose activations the first stage holds
   if (p.pp > 1) {
-    in_flight = p.schedule == Schedule::GPipe      ? m
-                : p.schedule == Schedule::OneFOneB ? std::min(m, pp)
-                                                   : pp * (1 + (pp - 1) / (pp * static_cast<double>(v)));
+    in_flight = p.schedule == PlanSchedule::GPipe      ? m
+                : p.schedule == PlanSchedule::OneFOneB ? std::min(m, pp)
+                                                       : pp * (1 + (pp - 1) / (pp * static_cast<double>(v)));
   }
   const double rebuilt =
       p.recompute == Recompute::Full ? sbh * ((p.sequence_parallel ? 34 / t : 10 + 24 / t) + attention_scores) : 0;
   const double logits_bytes = s * b * static_cast<double>(model.vocab) * 4 / t;  // FP32, for the loss
   // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
-  const double last_in_flight = p.schedule == Schedule::GPipe ? m : 1;
+  const double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
   struct StageMemory {
     double params, grads, optimizer, working_set, activations;
     double total() const { return params + grads + optimizer + working_set + activations; }
@@ -332,7 +335,12 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double moves = p.recompute == Recompute::None ? 5 : 7;
   const double memory_seconds =
       (elementwise * (full ? 7 : 5) + scores * moves) * layers_per_stage * m / cluster.memory_bandwidth;
-  e.compute_seconds = gemm_seconds + memory_seconds;
+  // The host's dispatch of every op, per micro-batch (forward runs again under full
+  // recomputation: a third more of a block's ops).
+  e.overhead_seconds = m * cluster.op_seconds *
+                       (static_cast<double>(model.ops_per_layer) * layers_per_stage * (full ? 4.0 / 3 : 1) +
+                        static_cast<double>(model.ops_outside_layers));
+  e.compute_seconds = gemm_seconds + memory_seconds + e.overhead_seconds;
   const bool tp_in_node = p.tp <= cluster.devices_per_node;
   const CostModel tp_link = tp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
                                        : link(cluster.inter_bandwidth, cluster.inter_latency);
@@ -361,7 +369,9 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     const int64_t n = p.dp;
     // A micro-batch's forward is a third of its compute, its backward two thirds.
     const double forward = e.compute_seconds / (3 * m), backward = 2 * forward;
-    auto exposed = [](double comm, double compute) { return std::max(0.0, comm - compute); };
+    auto exposed = [&](double comm, double compute) {
+      return cluster.overlap_communication ? std::max(0.0, comm - compute) : comm;
+    };
     if (p.zero <= 1) {
       // One all-reduce (ZeRO-1: a reduce-scatter and an all-gather, the same bytes) per
       // step, behind the last micro-batch's backward.
@@ -418,12 +428,12 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
       for (int64_t b = 1; b <= options.max_micro_batch; b *= 2) {
         if ((global_batch / dp) % b != 0) continue;
         const int64_t m = global_batch / (dp * b);
-        std::vector<std::pair<Schedule, int64_t>> schedules{{Schedule::OneFOneB, 1}};
+        std::vector<std::pair<PlanSchedule, int64_t>> schedules{{PlanSchedule::OneFOneB, 1}};
         if (pp > 1) {
-          schedules.emplace_back(Schedule::GPipe, 1);
+          schedules.emplace_back(PlanSchedule::GPipe, 1);
           for (int64_t v = 2; v <= options.max_virtual_stages && pp * v <= model.layers; ++v) {
             if (options.pp == 0 && model.layers % (pp * v) != 0) continue;
-            schedules.emplace_back(Schedule::Interleaved, v);
+            schedules.emplace_back(PlanSchedule::Interleaved, v);
           }
         }
         for (const auto& [schedule, v] : schedules) {
@@ -473,7 +483,7 @@ std::vector<PublishedRun> published_runs() {
     run.cluster = ClusterSpec::preset("a100", r.gpus);
     run.global_batch = r.batch;
     const int64_t dp = r.gpus / (r.tp * r.pp);
-    run.plan = ParallelPlan{dp, r.tp, r.pp, 0, 1, r.batch / dp, Schedule::OneFOneB, 1, Recompute::Full, false};
+    run.plan = ParallelPlan{dp, r.tp, r.pp, 0, 1, r.batch / dp, PlanSchedule::OneFOneB, 1, Recompute::Full, false};
     run.tflops_per_device = r.tflops;
     // The 1T run used the interleaved schedule, its virtual stages not in the sources.
     run.tuned_schedule = r.pp == 64;
@@ -491,7 +501,7 @@ std::vector<PublishedRun> published_runs() {
     run.cluster = ClusterSpec::preset("h100", gpus);
     run.global_batch = 1152;
     const int64_t dp = gpus / 32;
-    run.plan = ParallelPlan{dp, 4, 8, 1, 1, 1152 / dp, Schedule::OneFOneB, 1, Recompute::Selective, true, true};
+    run.plan = ParallelPlan{dp, 4, 8, 1, 1, 1152 / dp, PlanSchedule::OneFOneB, 1, Recompute::Selective, true, true};
     run.tflops_per_device = mfu * run.cluster.peak_flops / 1e12;
     run.hardware = false;
     run.tuned_schedule = run.tuned_recipe = true;
@@ -508,7 +518,7 @@ std::vector<PublishedRun> published_runs() {
     run.global_batch = 2048;
     // The schedule's virtual stages and the micro-batch not in the sources (tuned; 126
     // layers over 16 stages: the heaviest stage sets the pace).
-    run.plan = ParallelPlan{dp, 8, 16, 1, 1, 2048 / dp, Schedule::Interleaved, 2, Recompute::None, true};
+    run.plan = ParallelPlan{dp, 8, 16, 1, 1, 2048 / dp, PlanSchedule::Interleaved, 2, Recompute::None, true};
     run.tflops_per_device = tflops;
     run.hardware = false;
     run.tuned_schedule = run.tuned_recipe = true;

@@ -1,0 +1,87 @@
+// This machine's measured rates, for the auto-parallel estimator (plan.h): the GEMM rate
+// and how it falls for small GEMMs, the memory bandwidth, and the collectives' latency
+// and bandwidth, each measured with every rank busy at once as in training.
+//
+//   MachineProfile p = calibrate();                 // ~5 s on 2 ranks (dtensor-plan --calibrate)
+//   p.save("machine.json");                         // atomically
+//   ClusterSpec c = MachineProfile::load("machine.json").cluster(/*devices=*/2);
+//
+// The fits (fit_profile) are the estimator's own forms, so a profile is exactly what it
+// reads: a square GEMM of size d runs at R d / (d + d_half) per rank, fitted as the line
+// 1/rate = 1/R + (d_half/R) (1/d); an all-reduce of B bytes over n ranks takes
+// 2(n-1) alpha + 2(n-1)/n B / beta (cost_model.h's ring), fitted as a line in B. Both
+// lines are fitted in relative error, as the estimator's predictions are judged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtensor/parallel/plan.h"
+
+namespace dtensor::parallel {
+
+// What calibrate measured: the points the profile is fitted to.
+struct CalibrationSamples {
+  struct Gemm {
+    int64_t dim = 0;         // a [d, d] x [d, d] product
+    double flops_per_s = 0;  // per rank, the best of a few trials, the ranks' mean
+  };
+  struct Collective {
+    int64_t bytes = 0;   // the all-reduced buffer
+    double seconds = 0;  // per call, the best of a few trials
+  };
+  int64_t ranks = 0;  // busy at once while measuring, and the all-reduce's group
+  std::string backend;
+  std::string machine;  // cpu::summary() on a measuring rank
+  std::vector<Gemm> gemm;
+  std::vector<Collective> all_reduce;
+  double copy_bytes_per_s = 0;  // per rank: buffer bytes copied per second (read + write)
+  // Per dispatched op of a small replicated DistTensor chain, forward and backward
+  // ops counted alike: the host's cost of an op that does almost no work.
+  double op_seconds = 0;
+};
+
+struct MachineProfile {
+  std::string machine;      // the CPU and GEMM engines (cpu::summary())
+  std::string measured_at;  // UTC, ISO 8601
+  std::string backend = "threads";
+  int64_t ranks = 0;            // busy at once while measuring
+  double memory_bytes = 0;      // the host's, shared by its ranks
+  double gemm_flops = 0;        // R: a large GEMM's rate per rank, FLOP/s (FP32)
+  double gemm_half_dim = 0;     // d_half: the square GEMM size that runs at R / 2
+  double memory_bandwidth = 0;  // per rank, bytes copied per second
+  double latency = 0;           // alpha: seconds per hop of a collective
+  double bandwidth = 0;         // beta: bytes per second per rank, one direction
+  double op_seconds = 0;        // host time per dispatched op (ClusterSpec::op_seconds)
+  CalibrationSamples samples;   // what it was fitted to
+
+  // The cluster of `devices` ranks on this host: the rates per rank as measured with
+  // `ranks` busy, shared further by more ranks than that (x ranks / devices).
+  ClusterSpec cluster(int64_t devices) const;
+  std::string to_string() const;
+  // Writes a JSON file next to `path` and renames it over `path`: never half-written.
+  void save(const std::string& path) const;
+  // Throws std::invalid_argument naming the file and the field that is missing or wrong.
+  static MachineProfile load(const std::string& path);
+};
+
+struct CalibrationOptions {
+  int64_t ranks = 0;                // 0: the host's cores
+  std::string backend = "threads";  // ranks are threads of this process
+  std::vector<int64_t> gemm_dims{32, 64, 128, 256, 512};
+  std::vector<int64_t> all_reduce_bytes{4096, 65536, 1 << 20, 4 << 20, 16 << 20};
+  int64_t copy_bytes = 64 << 20;  // per rank, larger than the caches
+  int64_t op_chain = 32;          // ops in the dispatch chain (each with its backward)
+  double seconds_per_sample = 0.05;
+  int trials = 3;
+};
+
+// Measures this machine (collective over its own `ranks` threads; call it outside
+// any launch) and fits the profile.
+MachineProfile calibrate(const CalibrationOptions& options = {});
+// The fit alone (exposed so that it can be checked on known rates). Throws when there
+// are fewer than two GEMM sizes or collective sizes, or a rate is not positive.
+MachineProfile fit_profile(const CalibrationSamples& samples);
+
+}  // namespace dtensor::parallel

@@ -1,0 +1,362 @@
+// This machine's measured rates for the auto-parallel estimator
+// (dtensor/parallel/machine_profile.h): measuring, fitting, saving and loading.
+#include "dtensor/parallel/machine_profile.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "dtensor/cpu.h"
+#include "dtensor/device_mesh.h"
+#include "dtensor/dist_tensor.h"
+#include "dtensor/group.h"
+#include "dtensor/ops.h"
+#include "dtensor/tensor.h"
+#include "dtensor/tensor_ops.h"
+#include "util/check.h"
+
+namespace dtensor::parallel {
+
+namespace {
+
+constexpr const char* kOp = "machine profile";
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+struct Line {
+  double intercept = 0, slope = 0;
+};
+
+// Least squares y = intercept + slope x in relative error (each residual over its y), so
+// that the small samples set the intercept and the large ones the slope, as they do in
+// the times predicted: absolute errors would let the largest samples decide both.
+Line fit_line(const std::vector<double>& x, const std::vector<double>& y) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double w = 1.0 / (y[i] * y[i]);
+    sw += w;
+    sx += w * x[i];
+    sy += w * y[i];
+    sxx += w * x[i] * x[i];
+    sxy += w * x[i] * y[i];
+  }
+  const double denominator = sw * sxx - sx * sx;
+  Line line;
+  line.slope = denominator != 0 ? (sw * sxy - sx * sy) / denominator : 0;
+  line.intercept = (sy - line.slope * sx) / sw;
+  return line;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+double host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+
+// The mean over the group of each rank's values.
+std::vector<double> mean_over(const Group& group, const std::vector<double>& values) {
+  Tensor t = Tensor::from_vector(values, {static_cast<int64_t>(values.size())});
+  all_reduce_(group, t, ReduceOp::Sum);
+  std::vector<double> mean = t.to_vector<double>();
+  for (double& v : mean) v /= group.size();
+  return mean;
+}
+
+// The best (shortest) per-call time of `calls` calls of fn over `trials` trials, every
+// rank starting each trial together.
+template <class Fn>
+double best_seconds_per_call(const Group& group, int trials, int64_t calls, Fn&& fn) {
+  double best = INFINITY;
+  for (int trial = 0; trial < trials; ++trial) {
+    barrier(group);
+    const Clock::time_point start = Clock::now();
+    for (int64_t i = 0; i < calls; ++i) fn();
+    best = std::min(best, seconds_since(start) / static_cast<double>(calls));
+  }
+  return best;
+}
+
+// Calls of a kernel costing `seconds_each` that fill `budget` seconds (at least 2); the
+// same on every rank, so that collectives stay matched.
+int64_t calls_for(const Group& group, double seconds_each, double budget) {
+  const double mean = mean_over(group, {seconds_each})[0];
+  return std::clamp<int64_t>(static_cast<int64_t>(budget / std::max(mean, 1e-9)), 2, 100000);
+}
+
+CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
+  CalibrationSamples s;
+  s.machine = cpu::summary();  // inside the rank: its threads
+  s.ranks = world.size();
+  s.backend = o.backend;
+  for (int64_t d : o.gemm_dims) {
+    DT_CHECK_ARG(d >= 1, kOp, "expected GEMM sizes >= 1, got ", d);
+    const Tensor a = Tensor::randn({d, d}, 1), b = Tensor::randn({d, d}, 2);
+    (void)matmul(a, b);  // the first call of a shape chooses its engine by measuring
+    const Clock::time_point probe = Clock::now();
+    (void)matmul(a, b);
+    const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
+    const double seconds = best_seconds_per_call(world, o.trials, calls, [&] { (void)matmul(a, b); });
+    s.gemm.push_back({d, mean_over(world, {2.0 * d * d * d / seconds})[0]});
+  }
+  for (int64_t bytes : o.all_reduce_bytes) {
+    DT_CHECK_ARG(bytes >= 4, kOp, "expected all-reduce sizes of at least 4 bytes, got ", bytes);
+    const Tensor t = Tensor::zeros({bytes / 4});
+    all_reduce_(world, t);
+    const Clock::time_point probe = Clock::now();
+    all_reduce_(world, t);
+    const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
+    const double seconds = best_seconds_per_call(world, o.trials, calls, [&] { all_reduce_(world, t); });
+    // A collective ends when its slowest rank does: the group's longest.
+    Tensor slowest = Tensor::from_vector(std::vector<double>{seconds}, {1});
+    all_reduce_(world, slowest, ReduceOp::Max);
+    s.all_reduce.push_back({bytes / 4 * 4, slowest.item<double>()});
+  }
+  {
+    // A chain of small elementwise ops on a replicated DistTensor, forward and backward:
+    // dispatch, sharding propagation and autograd, almost no arithmetic, no communication.
+    DT_CHECK_ARG(o.op_chain >= 1, kOp, "expected an op chain of at least 1, got ", o.op_chain);
+    const DeviceMesh mesh(world, {world.size()}, {"dp"});
+    const DistTensor x =
+        DistTensor::from_local(Tensor::randn({8, 64}, 3), mesh, {Replicate()}, Shape{8, 64}).set_requires_grad();
+    auto chain = [&] {
+      DistTensor y = x;
+      for (int64_t i = 0; i < o.op_chain; ++i) y = mul(add(y, 1.0), 0.5);
+      sum(y).backward();
+    };
+    chain();
+    const Clock::time_point probe = Clock::now();
+    chain();
+    const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
+    // 2 ops per link and the sum forward, as many backward.
+    const double ops = 2.0 * (2.0 * static_cast<double>(o.op_chain) + 1);
+    s.op_seconds = mean_over(world, {best_seconds_per_call(world, o.trials, calls, chain) / ops})[0];
+  }
+  {
+    const size_t n = static_cast<size_t>(std::max<int64_t>(o.copy_bytes, 4096));
+    std::vector<char> from(n, 1), to(n, 0);
+    std::memcpy(to.data(), from.data(), n);  // pages in
+    const double seconds = best_seconds_per_call(world, o.trials, 1, [&] { std::memcpy(to.data(), from.data(), n); });
+    s.copy_bytes_per_s = mean_over(world, {static_cast<double>(n) / seconds})[0];
+  }
+  return s;
+}
+
+template <class T>
+T field(const nlohmann::json& j, const char* name, const std::string& path) {
+  DT_CHECK_ARG(j.is_object() && j.contains(name), kOp, "'", path, "' has no field '", name,
+               "' (expected a profile written by dtensor-plan --calibrate)");
+  try {
+    return j.at(name).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    DT_CHECK_ARG(false, kOp, "'", path, "': field '", name, "' has the wrong type: ", e.what());
+  }
+  return T{};
+}
+
+}  // namespace
+
+MachineProfile fit_profile(const CalibrationSamples& s) {
+  DT_CHECK_ARG(s.gemm.size() >= 2, kOp, "fitting needs at least two GEMM sizes, got ", s.gemm.size());
+  DT_CHECK_ARG(s.all_reduce.size() >= 2, kOp, "fitting needs at least two all-reduce sizes, got ", s.all_reduce.size());
+  DT_CHECK_ARG(s.ranks >= 1, kOp, "expected the ranks measured >= 1, got ", s.ranks);
+  DT_CHECK_ARG(s.copy_bytes_per_s > 0, kOp, "expected a positive copy rate, got ", s.copy_bytes_per_s);
+  MachineProfile p;
+  p.backend = s.backend;
+  p.ranks = s.ranks;
+  p.samples = s;
+  p.memory_bandwidth = s.copy_bytes_per_s;
+  DT_CHECK_ARG(s.op_seconds >= 0, kOp, "expected a non-negative time per op, got ", s.op_seconds);
+  p.op_seconds = s.op_seconds;
+  // rate(d) = R d / (d + h)  <=>  1/rate = 1/R + (h/R) (1/d).
+  std::vector<double> x, y;
+  for (const CalibrationSamples::Gemm& g : s.gemm) {
+    DT_CHECK_ARG(g.dim >= 1 && g.flops_per_s > 0, kOp, "expected a GEMM size >= 1 and a positive rate, got ", g.dim,
+                 " at ", g.flops_per_s, " FLOP/s");
+    x.push_back(1.0 / static_cast<double>(g.dim));
+    y.push_back(1.0 / g.flops_per_s);
+  }
+  Line gemm = fit_line(x, y);
+  if (gemm.intercept <= 0 || gemm.slope < 0) {
+    // Noise made the line meaningless (rates falling with size): a flat rate, the best seen.
+    double best = 0;
+    for (const CalibrationSamples::Gemm& g : s.gemm) best = std::max(best, g.flops_per_s);
+    gemm = {1.0 / best, 0};
+  }
+  p.gemm_flops = 1.0 / gemm.intercept;
+  p.gemm_half_dim = gemm.slope / gemm.intercept;
+  // t(B) = 2(n-1) alpha + 2(n-1)/n B / beta. On one rank an all-reduce moves nothing:
+  // its cost is a call's overhead, kept as the latency, and beta is the copy rate.
+  const double n = static_cast<double>(s.ranks);
+  x.clear();
+  y.clear();
+  for (const CalibrationSamples::Collective& c : s.all_reduce) {
+    DT_CHECK_ARG(c.bytes >= 1 && c.seconds > 0, kOp, "expected an all-reduce of >= 1 byte taking positive time, got ",
+                 c.bytes, " bytes in ", c.seconds, " s");
+    x.push_back(static_cast<double>(c.bytes));
+    y.push_back(c.seconds);
+  }
+  const Line collective = fit_line(x, y);
+  const double hops = s.ranks > 1 ? 2 * (n - 1) : 1;
+  const double wire = s.ranks > 1 ? 2 * (n - 1) / n : 1;
+  p.latency = std::max(collective.intercept, 1e-7) / hops;
+  p.bandwidth = collective.slope > 0 ? wire / collective.slope : s.copy_bytes_per_s;
+  return p;
+}
+
+MachineProfile calibrate(const CalibrationOptions& options) {
+  CalibrationOptions o = options;
+  DT_CHECK_ARG(o.trials >= 1 && o.seconds_per_sample > 0, kOp, "expected trials >= 1 and seconds_per_sample > 0, got ",
+               o.trials, " and ", o.seconds_per_sample);
+  CalibrationSamples samples;
+  if (o.backend == "threads") {
+    const int ranks = static_cast<int>(o.ranks > 0 ? o.ranks : std::max(1u, std::thread::hardware_concurrency()));
+    launch(ranks, [&](Group world) {
+      CalibrationSamples mine = measure(world, o);
+      if (world.rank() == 0) samples = std::move(mine);
+    });
+  } else {
+    DT_CHECK_ARG(o.backend == "mpi", kOp, "expected the backend 'threads' or 'mpi', got '", o.backend, "'");
+    const Group world = init("mpi");
+    DT_CHECK_ARG(o.ranks == 0 || o.ranks == world.size(), kOp, "the mpi backend measures its world of ", world.size(),
+                 " ranks, asked for ", o.ranks);
+    samples = measure(world, o);
+  }
+  MachineProfile p = fit_profile(samples);
+  p.machine = samples.machine;
+  p.measured_at = utc_now();
+  p.memory_bytes = host_memory_bytes();
+  return p;
+}
+
+ClusterSpec MachineProfile::cluster(int64_t devices) const {
+  DT_CHECK_ARG(devices >= 1, kOp, "expected at least one device, got ", devices);
+  DT_CHECK_ARG(gemm_flops > 0 && bandwidth > 0 && memory_bandwidth > 0 && ranks >= 1, kOp,
+               "the profile has no rates (expected one from calibrate or load)");
+  const double share = std::min(1.0, static_cast<double>(ranks) / static_cast<double>(devices));
+  ClusterSpec c;
+  c.name = "cpu (measured)";
+  c.devices = devices;
+  c.devices_per_node = devices;
+  c.memory_bytes = (memory_bytes > 0 ? memory_bytes : 24e9) / static_cast<double>(devices);
+  c.peak_flops = gemm_flops * share;
+  c.gemm_efficiency = 1.0;  // gemm_flops is a measured rate already
+  c.gemm_half_dim = std::max(gemm_half_dim, 1e-3);
+  c.intra_bandwidth = c.inter_bandwidth = bandwidth * share;
+  c.intra_latency = c.inter_latency = latency;
+  c.memory_bandwidth = memory_bandwidth * share;
+  c.op_seconds = op_seconds / share;
+  c.overlap_communication = false;  // the ranks' cores copy the bytes
+  c.bytes_per_value = 4;
+  c.validate();
+  return c;
+}
+
+std::string MachineProfile::to_string() const {
+  std::ostringstream os;
+  os.precision(3);
+  os << "GEMM " << gemm_flops / 1e9 << " GFLOP/s per rank (half of it at size " << gemm_half_dim << "), copy "
+     << memory_bandwidth / 1e9 << " GB/s per rank, collectives " << latency * 1e6 << " us per hop and "
+     << bandwidth / 1e9 << " GB/s per rank, " << op_seconds * 1e6 << " us per dispatched op (" << backend << ", "
+     << ranks << " ranks busy)";
+  return os.str();
+}
+
+void MachineProfile::save(const std::string& path) const {
+  nlohmann::json j;
+  j["format"] = "dtensor machine profile 1";
+  j["machine"] = machine;
+  j["measured_at"] = measured_at;
+  j["backend"] = backend;
+  j["ranks"] = ranks;
+  j["memory_bytes"] = memory_bytes;
+  j["gemm_flops"] = gemm_flops;
+  j["gemm_half_dim"] = gemm_half_dim;
+  j["memory_bandwidth"] = memory_bandwidth;
+  j["latency"] = latency;
+  j["bandwidth"] = bandwidth;
+  j["op_seconds"] = op_seconds;
+  nlohmann::json gemm = nlohmann::json::array(), collectives = nlohmann::json::array();
+  for (const CalibrationSamples::Gemm& g : samples.gemm)
+    gemm.push_back({{"dim", g.dim}, {"flops_per_s", g.flops_per_s}});
+  for (const CalibrationSamples::Collective& c : samples.all_reduce)
+    collectives.push_back({{"bytes", c.bytes}, {"seconds", c.seconds}});
+  j["samples"] = {{"gemm", gemm},
+                  {"all_reduce", collectives},
+                  {"copy_bytes_per_s", samples.copy_bytes_per_s},
+                  {"op_seconds", samples.op_seconds}};
+  const std::string tmp = path + ".part";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    DT_CHECK_ARG(out.good(), kOp, "cannot write '", tmp, "': ", std::strerror(errno));
+    out << j.dump(2) << "\n";
+    out.flush();
+    DT_CHECK_ARG(out.good(), kOp, "writing '", tmp, "' failed: ", std::strerror(errno));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    DT_CHECK_ARG(false, kOp, "cannot rename '", tmp, "' to '", path, "'");
+  }
+}
+
+MachineProfile MachineProfile::load(const std::string& path) {
+  std::ifstream in(path);
+  DT_CHECK_ARG(in.good(), kOp, "cannot open '", path, "': ", std::strerror(errno),
+               " (write one with dtensor-plan --calibrate ", path, ")");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    DT_CHECK_ARG(false, kOp, "'", path, "' is not JSON: ", e.what());
+  }
+  DT_CHECK_ARG(field<std::string>(j, "format", path) == "dtensor machine profile 1", kOp, "'", path,
+               "': expected format 'dtensor machine profile 1', got '", j.at("format").get<std::string>(), "'");
+  MachineProfile p;
+  p.machine = field<std::string>(j, "machine", path);
+  p.measured_at = field<std::string>(j, "measured_at", path);
+  p.backend = field<std::string>(j, "backend", path);
+  p.ranks = field<int64_t>(j, "ranks", path);
+  p.memory_bytes = field<double>(j, "memory_bytes", path);
+  p.gemm_flops = field<double>(j, "gemm_flops", path);
+  p.gemm_half_dim = field<double>(j, "gemm_half_dim", path);
+  p.memory_bandwidth = field<double>(j, "memory_bandwidth", path);
+  p.latency = field<double>(j, "latency", path);
+  p.bandwidth = field<double>(j, "bandwidth", path);
+  p.op_seconds = field<double>(j, "op_seconds", path);
+  DT_CHECK_ARG(p.ranks >= 1 && p.gemm_flops > 0 && p.gemm_half_dim >= 0 && p.memory_bandwidth > 0 && p.latency >= 0 &&
+                   p.bandwidth > 0 && p.op_seconds >= 0,
+               kOp, "'", path, "': expected ranks >= 1 and positive rates, got ", p.to_string());
+  if (j.contains("samples")) {
+    const nlohmann::json& s = j.at("samples");
+    p.samples.ranks = p.ranks;
+    p.samples.backend = p.backend;
+    for (const nlohmann::json& g : field<nlohmann::json>(s, "gemm", path))
+      p.samples.gemm.push_back({field<int64_t>(g, "dim", path), field<double>(g, "flops_per_s", path)});
+    for (const nlohmann::json& c : field<nlohmann::json>(s, "all_reduce", path))
+      p.samples.all_reduce.push_back({field<int64_t>(c, "bytes", path), field<double>(c, "seconds", path)});
+    p.samples.copy_bytes_per_s = field<double>(s, "copy_bytes_per_s", path);
+    p.samples.op_seconds = field<double>(s, "op_seconds", path);
+  }
+  return p;
+}
+
+}  // namespace dtensor::parallel
