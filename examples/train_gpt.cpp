@@ -82,6 +82,7 @@ struct Settings {
   std::optional<bool> fsdp_reshard_after_forward;
   bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
+  std::string profile;  // dtensor-plan --calibrate's file: the step time is estimated on its rates
   int64_t trace_first = 0, trace_count = 0;
   models::GPTConfig model;
   double lr = 0, min_lr = 0, weight_decay = 0, clip = 0, bucket_mb = 25;
@@ -205,6 +206,7 @@ Settings read_settings(const TrainConfig& o) {
   }
   s.sequence_parallel = o.sequence_parallel;
   s.loss_parallel = !o.gather_logits;
+  s.profile = o.profile;
   s.backend = o.backend;
   s.steps = o.steps;
   s.batch = o.batch;
@@ -392,6 +394,61 @@ void init_from_file(const std::string& path, const std::vector<nn::Module*>& mod
   for (nn::Module* m : modules) m->notify_state_loaded();  // FSDP refreshes its gathered copies
 }
 
+// The estimator's view of this run (dtensor/parallel/plan.h): its configuration as a
+// ParallelPlan and the estimate on this machine's preset, or (in `not_modelled`) what
+// the estimator does not describe.
+struct RunEstimate {
+  std::optional<parallel::PlanEstimate> estimate;
+  std::string not_modelled;
+};
+
+RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
+  RunEstimate out;
+  const std::pair<bool, const char*> unmodelled[] = {
+      {s.hsdp, "--hsdp"},
+      {s.offload, "--offload"},
+      {config.moe_experts > 0, "--moe-experts"},
+      {s.mesh.size("cp") > 1 || s.mesh.size("ep") > 1, "cp and ep mesh dims"},
+      {s.precision != "fp32", "16-bit precision"},
+      {config.dropout > 0, "dropout"},
+      {!s.loss_parallel, "--gather-logits"},
+      {s.schedule && s.schedule->kind == parallel::ScheduleKind::ZeroBubble, "the zero-bubble schedule"},
+      {s.fsdp > 0 && (s.fsdp_unit != models::GPTParallelOptions::FSDPUnit::Block || s.fsdp_prefetch != 1 ||
+                      s.fsdp_reshard_after_forward.has_value()),
+       "FSDP units, prefetch or resharding other than the defaults"}};
+  for (const auto& [on, what] : unmodelled) {
+    if (on) out.not_modelled += std::string(out.not_modelled.empty() ? "" : ", ") + what;
+  }
+  if (!out.not_modelled.empty()) return out;
+  const int64_t seq = s.model.block_size;
+  const parallel::ModelSpec model = models::gpt_model_spec(config, seq);
+  parallel::ParallelPlan plan;
+  plan.dp = s.dp;
+  plan.tp = s.tp;
+  plan.pp = s.pp;
+  plan.zero = static_cast<int>(s.fsdp);
+  plan.micro_batches = s.schedule ? s.schedule->micro_batches : s.grad_accum;
+  plan.micro_batch = s.batch / (s.dp * plan.micro_batches);
+  if (s.schedule) {
+    plan.schedule = s.schedule->kind == parallel::ScheduleKind::GPipe             ? parallel::PlanSchedule::GPipe
+                    : s.schedule->kind == parallel::ScheduleKind::Interleaved1F1B ? parallel::PlanSchedule::Interleaved
+                                                                                  : parallel::PlanSchedule::OneFOneB;
+    plan.virtual_stages = s.schedule->virtual_stages();
+  }
+  plan.recompute = config.checkpoint_activations ? parallel::Recompute::Full : parallel::Recompute::None;
+  plan.sequence_parallel = s.sequence_parallel;
+  const int64_t ranks = shape_numel(s.mesh.shape);
+  // Memory does not depend on the machine's rates; the step time does (--profile).
+  const parallel::ClusterSpec cluster = s.profile.empty() ? parallel::ClusterSpec::preset("cpu", ranks)
+                                                          : parallel::MachineProfile::load(s.profile).cluster(ranks);
+  out.estimate = parallel::estimate_plan(model, cluster, s.batch, plan);
+  if (!out.estimate->rejected.empty() && out.estimate->fits) {
+    out.not_modelled = out.estimate->rejected;
+    out.estimate.reset();
+  }
+  return out;
+}
+
 // One rank's training loop: the model (whole, or this rank's pipeline stages), its
 // tensor and data parallelism, AdamW, the log on rank 0.
 void train(Group world, const Settings& s, const TokenDataset& data) {
@@ -560,6 +617,32 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
           sched.virtual_stages() > 1 ? (", v=" + std::to_string(sched.virtual_stages())).c_str() : "");
     }
   }
+  if (log && !log->history().empty() && !log->history().back().peak_memory_bytes.empty()) {
+    // The last step's peak against the estimator's for this configuration.
+    const std::vector<int64_t>& peaks = log->history().back().peak_memory_bytes;
+    const auto most = std::max_element(peaks.begin(), peaks.end());
+    const RunEstimate predicted = estimate_run(s, config);
+    if (predicted.estimate) {
+      const double estimated = predicted.estimate->memory_bytes;
+      std::printf("memory: peak %s on rank %lld in the last step; estimated %s (dtensor-plan's model, %+.1f%%)\n",
+                  format_bytes(*most).c_str(), static_cast<long long>(most - peaks.begin()),
+                  format_bytes(static_cast<int64_t>(estimated)).c_str(),
+                  100 * (estimated / static_cast<double>(*most) - 1));
+      // The median step after the first (which records plans and warms caches).
+      std::vector<double> seconds;
+      for (size_t i = 1; i < log->history().size(); ++i) seconds.push_back(log->history()[i].seconds);
+      if (!s.profile.empty() && !seconds.empty()) {
+        std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(seconds.size() / 2),
+                         seconds.end());
+        const double median = seconds[seconds.size() / 2], predicted_step = predicted.estimate->step_seconds;
+        std::printf("step: median %.4f s (steps 2-%zu); estimated %.4f s on %s's rates (%+.1f%%)\n", median,
+                    log->history().size(), predicted_step, s.profile.c_str(), 100 * (predicted_step / median - 1));
+      }
+    } else {
+      std::printf("memory: peak %s on rank %lld in the last step (not estimated: %s)\n", format_bytes(*most).c_str(),
+                  static_cast<long long>(most - peaks.begin()), predicted.not_modelled.c_str());
+    }
+  }
   if (leader && timeline && !s.timeline.empty()) {
     const size_t dot = s.timeline.rfind('.');
     const std::string trace = (dot == std::string::npos ? s.timeline : s.timeline.substr(0, dot)) + ".json";
@@ -576,19 +659,10 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
 TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
   const Settings base = read_settings(given);  // the user's flags must stand on their own
   const int64_t ranks = shape_numel(base.mesh.shape);
-  parallel::ModelSpec model =
-      parallel::ModelSpec::gpt(given.layers, given.dim, given.heads, given.seq_len, given.vocab);
+  models::GPTConfig config = base.model;
+  config.vocab = given.vocab;
+  parallel::ModelSpec model = models::gpt_model_spec(config, base.model.block_size);
   model.name = "train_gpt's GPT";
-  model.ffn_hidden = given.mlp_hidden;
-  model.gated_mlp = given.activation == "swiglu";
-  model.tied_embeddings = given.tie_weights;
-  model.experts = given.moe_experts;
-  model.top_k = given.moe_experts > 0 ? given.moe_top_k : 0;
-  model.flash_attention = false;  // the CPU attention keeps its [s, s] probabilities
-  // Ops this GPT dispatches per micro-batch, forward and backward, counted by recording
-  // steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2 micro-batches.
-  model.ops_per_layer = 88;
-  model.ops_outside_layers = 35;
   const bool leader = !mpi_world || mpi_world->rank() == 0;
   parallel::MachineProfile profile;
   if (!given.profile.empty()) {

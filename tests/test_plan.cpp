@@ -65,9 +65,10 @@ TEST(Plan, PipelineBubbleAndActivationsInFlight) {
   p.schedule = PlanSchedule::GPipe;
   p.virtual_stages = 1;
   const PlanEstimate gpipe = estimate_plan(m, c, 64, p);
-  // GPipe's last stage holds all 32 and the FP32 logits (the most); 1F1B's first, 4.
+  // GPipe's last stage holds all 32 micro-batches and their FP32 logits (the most);
+  // 1F1B's first, 4.
   const double logits = 2048.0 * 51200 * 4 / 8;
-  EXPECT_NEAR((gpipe.activation_bytes - logits) / one.activation_bytes, 32.0 / 4, 1e-9);
+  EXPECT_NEAR((gpipe.activation_bytes - 32 * logits) / one.activation_bytes, 32.0 / 4, 1e-9);
 }
 
 // Activations per layer (Korthikanti et al.): s b h (10 + 24/t + 5as/ht) stored, 34/t + 5as/ht
@@ -128,6 +129,32 @@ TEST(Plan, CommunicationWithoutOverlapIsExposed) {
   EXPECT_NEAR(exposed.dp_seconds / threads.all_reduce(static_cast<int64_t>(grads), 2), 1, 1e-3);
   c.overlap_communication = true;  // behind a backward far longer than the all-reduce
   EXPECT_EQ(estimate_plan(m, c, 16, ddp).dp_seconds, 0);
+}
+
+// The estimate is the peak, not the sum: with gradients dropped after each step
+// (MemorySpec::gradients_persist false), backward's start holds every activation but
+// only the output layer's and the last MLP's gradients, its end every gradient and no
+// activation. Whichever is larger sets the memory.
+TEST(Plan, MemoryIsBackwardsPeakNotTheSumOfItsParts) {
+  ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  m.memory.gradients_persist = false;
+  const ClusterSpec c = ClusterSpec::preset("h100", 1);
+  const double output_and_mlp = (32000.0 * 1024 + 2.0 * 1024 * 4096) * 2;
+  // Big activations: backward's start.
+  const PlanEstimate start = estimate_plan(m, c, 8, plan_of(1, 1, 1, 0, 8, 8));
+  EXPECT_NEAR(
+      start.memory_bytes,
+      start.param_bytes + start.optimizer_bytes + start.activation_bytes + start.transient_bytes + output_and_mlp, 1);
+  EXPECT_LT(start.memory_bytes, start.param_bytes + start.grad_bytes + start.optimizer_bytes + start.activation_bytes);
+  // One short sequence: the gradients outweigh the activations; backward's end.
+  m.seq = 8;
+  const PlanEstimate end = estimate_plan(m, c, 1, plan_of(1, 1, 1, 0, 1, 1));
+  EXPECT_NEAR(end.memory_bytes, end.param_bytes + end.optimizer_bytes + end.grad_bytes, 1);
+  // Kept gradients (Megatron's buffer) are all there at the start.
+  m.seq = 1024;
+  m.memory.gradients_persist = true;
+  const PlanEstimate kept = estimate_plan(m, c, 8, plan_of(1, 1, 1, 0, 8, 8));
+  EXPECT_NEAR(kept.memory_bytes - start.memory_bytes, start.grad_bytes - output_and_mlp, 1);
 }
 
 TEST(Plan, SearchRanksFeasiblePlansAndSaysWhyOthersWereRejected) {

@@ -89,7 +89,8 @@ TEST(TrainLog, LossCurveCsvAndSvg) {
   const std::string svg_path = log.write_loss_curve(base + ".csv", "GPT <tiny> loss");
   EXPECT_EQ(svg_path, base + ".svg");
   const std::string csv = read_file(base + ".csv");
-  EXPECT_EQ(csv.rfind("step,loss\n1,4.5\n2,4.3049177", 0), 0u) << csv.substr(0, 40);
+  // The most any rank held: r0's 12.3 MiB.
+  EXPECT_EQ(csv.rfind("step,loss,seconds,peak_bytes\n1,4.5,0.05,12890112\n2,4.3049177", 0), 0u) << csv.substr(0, 80);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 51);
   const std::string svg = read_file(svg_path);
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);

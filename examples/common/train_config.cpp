@@ -27,7 +27,8 @@ const std::vector<TrainKey>& train_keys() {
        "micro-batches, schedule, recomputation, sequence parallelism) replaces those flags",
        {"none", "auto"}},
       {"profile", &C::profile,
-       "with --plan auto: this machine's rates from dtensor-plan --calibrate (empty: a short calibration now)"},
+       "this machine's rates from dtensor-plan --calibrate: --plan auto ranks on them (empty: a short calibration "
+       "now), and the summary sets the run's estimated step time beside the measured one"},
       {"schedule", &C::schedule, "with pp: gpipe, 1f1b, interleaved or zero-bubble (empty: 1f1b)"},
       {"microbatches", &C::microbatches,
        "with pp: micro-batches per step (0: 2 x pp; interleaved needs a multiple of pp)"},

@@ -119,9 +119,17 @@ std::string TrainLog::finish() {
 void TrainLog::write_csv(const std::string& path) const {
   std::ofstream out(path);
   if (!out.good()) throw std::invalid_argument("[TrainLog] cannot write loss curve file \"" + path + "\"");
-  out << "step,loss\n";
+  // peak_bytes: the most any rank held during the step (the estimator's "memory per
+  // device" is the most loaded rank's); empty when the step did not report peaks.
+  out << "step,loss,seconds,peak_bytes\n";
   out.precision(9);
-  for (const StepStats& s : history_) out << s.step + 1 << "," << s.loss << "\n";
+  for (const StepStats& s : history_) {
+    out << s.step + 1 << "," << s.loss << "," << s.seconds << ",";
+    if (!s.peak_memory_bytes.empty()) {
+      out << *std::max_element(s.peak_memory_bytes.begin(), s.peak_memory_bytes.end());
+    }
+    out << "\n";
+  }
   out.close();
   if (out.fail()) throw std::invalid_argument("[TrainLog] error writing loss curve file \"" + path + "\"");
 }

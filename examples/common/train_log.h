@@ -41,7 +41,8 @@ class TrainLog {
   std::string format_line(const StepStats& stats) const;
   std::string summary() const;
 
-  // "step,loss" lines, one per logged step (1-based steps as displayed).
+  // "step,loss,seconds,peak_bytes" lines, one per logged step (1-based steps as
+  // displayed; peak_bytes: the most any rank held during the step).
   void write_csv(const std::string& path) const;
   // A line chart of loss against step with ticked, labelled axes and a title.
   void write_svg(const std::string& path, const std::string& title = "training loss") const;

@@ -10,6 +10,46 @@
 #include "util/check.h"
 
 namespace dtensor::models {
+
+parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
+  DT_CHECK_ARG(seq >= 1 && seq <= config.block_size, "gpt_model_spec", "expected seq in [1, block_size ",
+               config.block_size, "], got ", seq);
+  parallel::ModelSpec m = parallel::ModelSpec::gpt(config.layers, config.dim, config.heads, seq, config.vocab);
+  m.name = "models::GPT";
+  const bool swiglu = config.activation == nn::Activation::SwiGlu;
+  m.ffn_hidden = config.mlp_hidden > 0 ? config.mlp_hidden : 4 * config.dim;
+  m.gated_mlp = swiglu;
+  m.tied_embeddings = config.tie_weights;
+  m.linear_biases = config.bias;
+  m.learned_positions = config.block_size;
+  m.experts = config.moe_experts;
+  m.top_k = config.moe_experts > 0 ? config.moe_top_k : 0;
+  m.flash_attention = true;
+  // Counted by recording steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2
+  // micro-batches.
+  m.ops_per_layer = 88;
+  m.ops_outside_layers = 35;
+  parallel::MemorySpec& mem = m.memory;
+  mem.hidden = 4;        // the block's input, norm1's output, the residual sum, norm2's output
+  mem.hidden_split = 4;  // q, k, v, the attention's output
+  mem.ffn_split = swiglu ? 4 : 2;
+  mem.scores = 0;
+  mem.per_head = 1;
+  mem.scalars = 4;  // mean and reciprocal deviation of each norm (RMSNorm: one each)
+  if (config.rms_norm) mem.scalars = 2;
+  mem.sp_gathered = 2;  // the norms' outputs, gathered for q, k, v and the MLP
+  mem.pipeline_hidden = 2;
+  mem.checkpointed_hidden = 1;
+  mem.outside_hidden = 2;
+  mem.outside_scalars = config.rms_norm ? 1 : 2;
+  mem.logits = 1;
+  mem.backward_ffn = 1;
+  mem.backward_hidden = swiglu ? 1 : 0;
+  mem.backward_frees_logits = true;
+  mem.gradients_persist = false;
+  return m;
+}
+
 namespace {
 
 constexpr const char* kOp = "parallelize_gpt";

@@ -80,12 +80,17 @@ int64_t mlp_matrices(const ModelSpec& m) { return (m.gated_mlp ? 3 : 2) * m.hidd
 
 int64_t ModelSpec::layer_parameters() const {
   const int64_t mlps = experts > 0 ? experts : 1;
-  return attention_matrices(*this) + mlps * mlp_matrices(*this) + (experts > 0 ? hidden * experts : 0) +
+  const int64_t kv = kv_heads > 0 ? kv_heads : heads;
+  // Biases: q, k, v and the output projection's; the MLP's hidden ones and its output's.
+  const int64_t biases =
+      linear_biases ? 2 * hidden + 2 * (hidden / heads) * kv + mlps * ((gated_mlp ? 2 : 1) * ffn() + hidden) : 0;
+  return attention_matrices(*this) + mlps * mlp_matrices(*this) + (experts > 0 ? hidden * experts : 0) + biases +
          4 * hidden;  // two norms with biases
 }
 
 int64_t ModelSpec::parameters() const {
-  return layers * layer_parameters() + vocab * hidden * (tied_embeddings ? 1 : 2) + 2 * hidden;
+  return layers * layer_parameters() + vocab * hidden * (tied_embeddings ? 1 : 2) + learned_positions * hidden +
+         2 * hidden;
 }
 
 double ModelSpec::flops_per_sequence(bool full_recompute) const {
@@ -248,21 +253,36 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
 
   // ---- memory: the first pipeline stage (the most activations) or the last (the
   // output layer and the FP32 logits), whichever holds more ----
-  const double vh = static_cast<double>(model.vocab) * h / t;
+  const MemorySpec& ms = model.memory;
+  const double f = static_cast<double>(model.ffn()), vocab = static_cast<double>(model.vocab);
+  const double vh = vocab * h / t;
   const double layer_params = layers_per_stage * static_cast<double>(model.layer_parameters()) / t;
-  // The embedding on the first stage; the output layer (its own, or the tied table's
-  // copy) on the last; both on a single stage (once when tied).
-  const double first_params = layer_params + vh + (p.pp == 1 && !model.tied_embeddings ? vh : 0);
+  // The embedding (and learned positions) on the first stage; the output layer (its
+  // own, or the tied table's copy) on the last; both on a single stage (once when tied).
+  const double positions = static_cast<double>(model.learned_positions) * h;
+  const double first_params = layer_params + vh + positions + (p.pp == 1 && !model.tied_embeddings ? vh : 0);
   const double last_params = layer_params + vh;
-  const double param_b = bpv, grad_b = p.fp32_gradients ? 4 : bpv, optim_b = bpv == 2 ? 12 : 8;  // FP32 master, m, v
-  // Activations of one layer and micro-batch (Korthikanti et al., 2-byte values).
-  const double sbh = s * b * h * bpv / 2;
-  const double attention_scores = model.flash_attention ? 0 : 5 * a * s / (h * t);
+  // FP32 Adam state: exp_avg and exp_avg_sq; mixed precision adds the FP32 master. A
+  // sharded optimizer with gathered FP32 parameters (ZeRO-1/2) updates a shard of its
+  // own: a master copy again.
+  const double param_b = bpv, grad_b = p.fp32_gradients ? 4 : bpv, optim_b = bpv == 2 ? 12 : 8;
+  const double master_b = bpv == 4 && (p.zero == 1 || p.zero == 2) ? 4 : 0;
+  // Activations of one layer and micro-batch. Whole on each tensor-parallel rank, or
+  // split with sequence parallelism; the split ones by tp.
+  const double tokens = s * b, whole = p.sequence_parallel ? t : 1;
+  const bool flash = model.flash_attention;
+  auto layer_activations = [&](bool scores) {
+    const double kept_whole = p.sequence_parallel ? std::min(ms.sp_gathered, ms.hidden) : 0;
+    return tokens *
+           (bpv * ((ms.hidden - kept_whole) * h / whole + kept_whole * h +
+                   (ms.hidden_split * h + ms.ffn_split * f) / t + (scores && !flash ? ms.scores * a * s / t : 0)) +
+            4 * ((flash ? ms.per_head * a / t : 0) + ms.scalars / whole));
+  };
   double per_layer = 0;
   switch (p.recompute) {
-    case Recompute::None: per_layer = sbh * ((p.sequence_parallel ? 34 / t : 10 + 24 / t) + attention_scores); break;
-    case Recompute::Selective: per_layer = sbh * (p.sequence_parallel ? 34 / t : 10 + 24 / t); break;
-    case Recompute::Full: per_layer = 2 * sbh / (p.sequence_parallel ? t : 1); break;
+    case Recompute::None: per_layer = layer_activations(true); break;
+    case Recompute::Selective: per_layer = layer_activations(false); break;
+    case Recompute::Full: per_layer = tokens * bpv * ms.checkpointed_hidden * h / whole; break;
   }
   double in_flight = 1;  // micro-batches whose activations the first stage holds
   if (p.pp > 1) {
@@ -270,33 +290,73 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                 : p.schedule == PlanSchedule::OneFOneB ? std::min(m, pp)
                                                        : pp * (1 + (pp - 1) / (pp * static_cast<double>(v)));
   }
-  const double rebuilt =
-      p.recompute == Recompute::Full ? sbh * ((p.sequence_parallel ? 34 / t : 10 + 24 / t) + attention_scores) : 0;
-  const double logits_bytes = s * b * static_cast<double>(model.vocab) * 4 / t;  // FP32, for the loss
+  // Full recomputation rebuilds one layer at a time in backward.
+  const double rebuilt = p.recompute == Recompute::Full ? layer_activations(true) : 0;
+  const double embedded = tokens * bpv * ms.outside_hidden * h / whole;
+  const double logits_bytes = tokens * (4 * ms.logits * vocab / t + 4 * ms.outside_scalars / whole);
+  const double transient = tokens * bpv * (ms.backward_ffn * f + ms.backward_hidden * h) / t;
   // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
   const double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
+  // The gradients alive at backward's start: all of them where they persist (a buffer,
+  // ZeRO-1's full one, or accumulation over micro-batches); else the output layer's
+  // and the last block's MLP's. ZeRO-2/3 keep shards, and a module's full gradients
+  // until its reduce-scatter: the output layer's and the last block's.
+  const double mlps = model.experts > 0 ? static_cast<double>(model.experts) : 1;
+  const double last_mlp = mlps * static_cast<double>(mlp_matrices(model)) / t;
+  // Accumulating over micro-batches keeps the gradients made by the first; so does
+  // 1F1B's steady state, which holds its most micro-batches with them. GPipe holds
+  // its most at the first backward, before any gradient is made.
+  const bool persist =
+      ms.gradients_persist || p.zero == 1 || (m > 1 && p.schedule != PlanSchedule::GPipe) || (p.pp == 1 && m > 1);
+  const double layer_grads = static_cast<double>(model.layer_parameters()) / t * grad_b;
   struct StageMemory {
-    double params, grads, optimizer, working_set, activations;
-    double total() const { return params + grads + optimizer + working_set + activations; }
+    double params, grads, optimizer, working_set, activations, transient, peak;
   };
-  auto stage = [&](double parameters, double flight, bool logits) {
+  auto stage = [&](double parameters, double flight, bool head) {
     StageMemory mem{};
-    mem.params = parameters * param_b / (p.zero == 3 ? dp : 1);
+    mem.params = parameters * (param_b / (p.zero == 3 ? dp : 1) + master_b / dp);
     mem.grads = parameters * grad_b / (p.zero >= 2 ? dp : 1);
     mem.optimizer = parameters * optim_b / (p.zero >= 1 ? dp : 1);
-    if (p.zero == 3) mem.working_set = 2 * static_cast<double>(model.layer_parameters()) / t * param_b;
-    mem.activations = per_layer * layers_per_stage * flight + rebuilt + (logits ? logits_bytes : 0);
+    // ZeRO-3 gathers a layer while computing the one before (two at once), and keeps
+    // the layers outside the blocks (embedding, output layer) gathered.
+    if (p.zero == 3) {
+      mem.working_set = (2 * static_cast<double>(model.layer_parameters()) / t + parameters - layer_params) * param_b;
+    }
+    const double boundary = p.pp > 1 && !head ? tokens * bpv * ms.pipeline_hidden * h / t * flight : 0;
+    mem.activations = per_layer * layers_per_stage * flight + rebuilt + embedded * flight + boundary +
+                      (head ? logits_bytes * (p.pp == 1 ? flight : last_in_flight) : 0);
+    mem.transient = transient - (head && ms.backward_frees_logits ? logits_bytes : 0);
+    // Gradients made by backward and not yet packed or reduced: the output layer's and
+    // the last block's MLP's (ZeRO-2/3: the whole block's, packed for its
+    // reduce-scatter); ZeRO-1 packs them into its kept buffer, ZeRO-2/3 keep shards
+    // made during backward.
+    const double module_grads = (head ? vh * grad_b : 0) + (p.zero >= 2 ? layer_grads : last_mlp * grad_b);
+    const double grads_start = p.zero == 1   ? mem.grads + module_grads
+                               : p.zero >= 2 ? module_grads
+                               : persist     ? mem.grads
+                                             : module_grads;
+    // Backward's last block (its activations, or the one rebuilt, and what it adds)
+    // with every other block's gradients made: the peak when a block's stored
+    // activations weigh less than its gradients (recomputation).
+    const double grads_last = p.zero >= 2              ? mem.grads + module_grads
+                              : persist || p.zero == 1 ? mem.grads
+                                                       : std::max(0.0, mem.grads - layer_grads) + last_mlp * grad_b;
+    const double last_block = grads_last + mem.activations - per_layer * std::max(0.0, layers_per_stage - 1) * flight;
+    const double grads_end = mem.grads + (p.zero >= 2 && head ? vh * grad_b : 0);
+    mem.peak = mem.params + mem.optimizer + mem.working_set +
+               std::max({grads_start + mem.activations + mem.transient, last_block + mem.transient, grads_end});
     return mem;
   };
   const StageMemory first = stage(first_params, in_flight, p.pp == 1);
   const StageMemory last = p.pp > 1 ? stage(last_params, last_in_flight, true) : first;
-  const StageMemory& most = first.total() >= last.total() ? first : last;
+  const StageMemory& most = first.peak >= last.peak ? first : last;
   e.param_bytes = most.params;
   e.grad_bytes = most.grads;
   e.optimizer_bytes = most.optimizer;
   e.working_set_bytes = most.working_set;
   e.activation_bytes = most.activations;
-  e.memory_bytes = most.total();
+  e.transient_bytes = most.transient;
+  e.memory_bytes = most.peak;
   const double stage_params = std::max(first_params, last_params);
   if (e.memory_bytes > cluster.memory_bytes) {
     why << "needs " << gigabytes(e.memory_bytes) << " per device, has " << gigabytes(cluster.memory_bytes);
@@ -330,6 +390,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                               logits_flops / dense_rate / (dp * t);
   // Memory-bound ops: the bytes stored per layer and micro-batch, moved 5 times (7 when
   // forward runs again), on the device's share of the layers and micro-batches.
+  const double sbh = s * b * h * bpv / 2;
   const double elementwise = sbh * (p.sequence_parallel ? 34 / t : 10 + 24 / t);
   const double scores = model.flash_attention ? 0 : 5 * a * s * s * b / t * bpv / 2;
   const double moves = p.recompute == Recompute::None ? 5 : 7;

@@ -32,6 +32,7 @@
 #include "dtensor/ops.h"
 #include "dtensor/parallel/ddp.h"
 #include "dtensor/parallel/fsdp.h"
+#include "dtensor/parallel/plan.h"
 #include "dtensor/parallel/tensor_parallel.h"
 
 namespace dtensor::models {
@@ -48,6 +49,20 @@ namespace dtensor::models {
 //     replicated norm weights' gradients are all-reduced (small).
 //   loss_parallel: the logits stay sharded over the vocabulary and cross_entropy
 //     reduces only [N]-sized statistics; otherwise they are all-gathered.
+// models::GPT described for the auto-parallel estimator (parallel/plan.h) at `seq`
+// tokens per sequence: its shape, biases, learned positions, the ops it dispatches
+// per micro-batch and the memory it keeps (MemorySpec), counted from its ops:
+// per block and token, forward keeps 8 values of width dim (the block's input and
+// the norms' outputs on every tensor-parallel rank; q, k, v and the attention's
+// output split), 2 of width mlp_hidden (4 with SwiGLU: gate, up, their activation
+// and product), one FP32 log-sum-exp per head (the CPU and cuDNN attention are
+// fused: no [T, T] scores kept) and two FP32 statistics per norm; outside the
+// blocks the embedding's output and the position add's (2 x dim), the final norm's
+// statistics and the FP32 logits. Backward's peak, in the last block's MLP, adds a
+// [tokens, mlp_hidden] gradient (and one of width dim with SwiGLU) after the logits
+// are freed. Gradients are dropped after each step (Optimizer::zero_grad).
+parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq);
+
 struct GPTPlanOptions {
   bool sequence_parallel = false;
   bool loss_parallel = true;

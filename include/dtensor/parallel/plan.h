@@ -11,12 +11,15 @@
 //   4 x seq x hidden (forward), x3 for training, +1 forward with full recomputation
 //   (Narayanan et al., SC'21: F = 96 B s l h^2 (1 + s/6h + V/16lh) with recomputation).
 // - Memory per device with mixed-precision Adam, 16 bytes per parameter split by ZeRO
-//   stage: 0: 16, 1: 4 + 12/dp, 2: 2 + 14/dp, 3: 16/dp (Rajbhandari et al.), plus a
-//   ZeRO-3 working set of two gathered layers; activations per layer per micro-batch
+//   stage: 0: 16, 1: 4 + 12/dp, 2: 2 + 14/dp, 3: 16/dp (Rajbhandari et al.; in FP32:
+//   16, 8 + 12/dp, 4 + 16/dp, 16/dp: the shard the optimizer updates apart from the
+//   gathered copy), plus a ZeRO-3 working set of two gathered layers and the layers
+//   outside the blocks; activations per layer per micro-batch (MemorySpec; Megatron's:
 //   s b h (10 + 24/t + 5 a s / (h t)) bytes, s b h (34/t + 5 a s / (h t)) with sequence
 //   parallelism, 34/t with selective recomputation, 2 s b h with full (Korthikanti et
-//   al., 2022), times the micro-batches a schedule keeps in flight (1F1B: p on the
-//   first stage; interleaved: p (1 + (p-1)/(p v)); GPipe: m).
+//   al., 2022)), times the micro-batches a schedule keeps in flight (1F1B: p on the
+//   first stage; interleaved: p (1 + (p-1)/(p v)); GPipe: m); the peak at backward's
+//   start, or its end where the gradients outweigh the activations.
 // - Step time: the device's share of the FLOPs at its GEMM rate (peak x efficiency,
 //   which falls for GEMMs with a small dim: eff_max x d / (d + d_half), d the smaller
 //   of hidden/tp and the micro-batch's tokens; the head dim for attention's products);
@@ -41,6 +44,44 @@
 
 namespace dtensor::parallel {
 
+// How an implementation of the model uses memory: what it keeps from forward for
+// backward, what backward holds at its peak, and whether gradients live across steps.
+// In values per token of the training dtype (bytes_per_value; a 1-byte mask is half
+// a 16-bit value) unless FP32 is said. The defaults are Megatron-LM's block as
+// Korthikanti et al. count it (s b h (10 + 24/t + 5 a s/(h t)) bytes at 2 bytes per
+// value); models::gpt_model_spec gives dtensor's GPT's, counted from its ops and
+// checked against the allocator's peaks (bench/RESULTS.md).
+struct MemorySpec {
+  // Per layer and token, kept for backward without recomputation:
+  double hidden = 5;        // of width hidden, whole on every tensor-parallel rank (split with sequence parallelism)
+  double hidden_split = 4;  // of width hidden, split by tp (q, k, v, the attention's output)
+  double ffn_split = 2;     // of width ffn, split by tp (the MLP's pre-activation and activation)
+  double scores = 2.5;      // per head and key, without fused attention (softmax, dropout mask and output)
+  double per_head = 0;      // per head, with fused attention (the softmax's log-sum-exp; FP32)
+  double scalars = 0;       // FP32, whole on every tp rank (norm statistics; split with sequence parallelism)
+  // Of `hidden`, those kept whole even with sequence parallelism (the all-gathered
+  // inputs of the column-parallel layers, where backward does not gather them again).
+  double sp_gathered = 0;
+  // With full recomputation, per layer and token: the checkpointed input, of width hidden.
+  double checkpointed_hidden = 1;
+  // Outside the layers, per token: of width hidden (the embedding's output: whole on
+  // every tp rank, split with sequence parallelism), FP32 scalars (the final norm's
+  // statistics), and the FP32 logits the loss keeps (of width vocab, split by tp).
+  double outside_hidden = 0, outside_scalars = 0, logits = 1;
+  // What backward adds to the activations at its peak (the last block's MLP backward),
+  // per token: of width ffn and of width hidden (split by tp), and whether the logits
+  // (and the final norm's statistics) are freed by then. The gradients then alive are
+  // the output layer's and the last block's MLP's (all of them when they persist).
+  double backward_ffn = 0, backward_hidden = 0;
+  bool backward_frees_logits = false;
+  // Per micro-batch in flight on a pipeline stage that sends on: values of width
+  // hidden at the stage boundary (the output kept for backward, its send buffer).
+  double pipeline_hidden = 0;
+  // Gradients live across steps in a buffer (Megatron's contiguous main_grad). False:
+  // dropped after each optimizer step (set to none) and made again in backward.
+  bool gradients_persist = true;
+};
+
 // A decoder-only transformer (GPT, Llama).
 struct ModelSpec {
   std::string name;
@@ -49,6 +90,8 @@ struct ModelSpec {
   int64_t kv_heads = 0;    // 0: heads (fewer: grouped-query attention)
   bool gated_mlp = false;  // SwiGLU: three ffn matrices instead of two
   bool tied_embeddings = false;
+  bool linear_biases = false;      // the blocks' linear layers have biases (counted in the parameters)
+  int64_t learned_positions = 0;   // rows of a learned position table (0: rotary or none)
   int64_t experts = 0, top_k = 0;  // mixture of experts (0: dense)
   // Fused attention (FlashAttention, cuDNN): the [s, s] scores are never stored. Off:
   // they are written and read in forward and backward (Megatron-LM in 2021).
@@ -58,6 +101,7 @@ struct ModelSpec {
   // op_seconds they cost host time that does not shrink with the batch (0: not costed).
   // train_gpt's GPT dispatches 88 per block and 35 outside (counted by recording a step).
   int64_t ops_per_layer = 0, ops_outside_layers = 0;
+  MemorySpec memory;  // the implementation's activations (default: Megatron-LM's)
 
   static ModelSpec gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab);
   // Llama-style: SwiGLU, grouped-query attention, untied embeddings.
@@ -128,7 +172,14 @@ struct ParallelPlan {
 struct PlanEstimate {
   ParallelPlan plan;
   // Bytes per device (the most loaded: the first pipeline stage).
-  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, working_set_bytes = 0;
+  // param_bytes counts a separate FP32 shard (the master) beside gathered FP32
+  // parameters under ZeRO-1/2 in FP32 training; grad_bytes all gradients kept.
+  // transient_bytes: what backward adds at its peak (MemorySpec::backward_*).
+  double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, working_set_bytes = 0,
+         transient_bytes = 0;
+  // The peak: parameters, optimizer state and gathered working set, plus the larger of
+  // backward's start (activations, transient, the gradients alive then) and its end
+  // (every gradient).
   double memory_bytes = 0;
   // Seconds per step.
   // compute_seconds includes overhead_seconds, the ops' dispatch on the host.

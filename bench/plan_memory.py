@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The estimator (dtensor/parallel/plan.h, models::gpt_model_spec) against train_gpt's
+measured peaks, and with a calibrated profile its step time against the measured one.
+
+Each layout trains the model for --steps steps on the threads backend (and under
+mpirun with --mpi); train_gpt's summary sets its peak per rank (the most loaded, the
+allocator's counters) and median step beside the estimator's figures for the same
+configuration. Prints a markdown table; exits 1 when a memory estimate is off by
+more than --memory-tolerance.
+
+  python3 bench/plan_memory.py --profile /tmp/m.json --mpi -- --layers 4 --dim 128 --seq-len 64 --heads 8
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+LAYOUTS = [
+    ("DDP", "--mesh dp=2"),
+    ("ZeRO-1", "--mesh dp=2 --fsdp 1"),
+    ("ZeRO-2", "--mesh dp=2 --fsdp 2"),
+    ("ZeRO-3", "--mesh dp=2 --fsdp 3"),
+    ("ZeRO-3, 4 ranks", "--mesh dp=4 --fsdp 3"),
+    ("DDP, grad-accum 2", "--mesh dp=2 --grad-accum 2"),
+    ("DDP, recomputed", "--mesh dp=2 --checkpoint-activations"),
+    ("TP", "--mesh tp=2"),
+    ("TP + SP", "--mesh tp=2 --sequence-parallel"),
+    ("TP 4", "--mesh tp=4"),
+    ("PP 1F1B", "--mesh pp=2"),
+    ("PP 1F1B, 4 stages", "--mesh pp=4"),
+    ("PP interleaved v=2", "--mesh pp=2 --schedule interleaved --virtual-stages 2"),
+    ("PP GPipe", "--mesh pp=2 --schedule gpipe"),
+    ("DDP x TP", "--mesh dp=2,tp=2"),
+    ("PP x DDP", "--mesh pp=2,dp=2"),
+    ("3-D: PP x DDP x TP", "--mesh pp=2,dp=2,tp=2"),
+]
+MPI = ["DDP", "ZeRO-3", "TP", "PP 1F1B", "DDP x TP"]
+
+
+def run(cmd):
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode == 2:  # train_gpt refused the flags for this model (e.g. more stages than blocks)
+        return None
+    if out.returncode != 0:
+        sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def measure(args, flags, mpi):
+    ranks = 1
+    for size in re.findall(r"=(\d+)", flags.split()[1]):
+        ranks *= int(size)
+    cmd = [args.train_gpt, *flags.split(), *args.model, "--steps", str(args.steps), "--log", "plain",
+           "--out", "/tmp/plan_memory_loss.csv"]
+    if args.profile:
+        cmd += ["--profile", args.profile]
+    if mpi:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), *cmd, "--backend", "mpi"]
+    out = run(cmd)
+    if out is None:
+        return None, None
+    mem = re.search(r"memory: peak (.+?) on rank \d+ in the last step; estimated (.+?) \(dtensor-plan's model, "
+                    r"([+-][0-9.]+)%\)", out)
+    if not mem:
+        sys.exit(f"no memory line from: {' '.join(cmd)}\n{out[-2000:]}")
+    step = re.search(r"step: median ([0-9.]+) s \(steps [^)]*\); estimated ([0-9.]+) s .*\(([+-][0-9.]+)%\)", out)
+    return mem.groups(), step.groups() if step else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train-gpt", default="build/examples/train_gpt")
+    ap.add_argument("--profile", default="", help="a dtensor-plan --calibrate file: step times are estimated too")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--mpi", action="store_true", help="also run the MPI rows under mpirun")
+    ap.add_argument("--memory-tolerance", type=float, default=10.0, help="percent")
+    ap.add_argument("model", nargs="*", help="train_gpt's model flags, after --")
+    args = ap.parse_args()
+    rows = [(name, flags, False) for name, flags in LAYOUTS]
+    if args.mpi:
+        rows += [(name + " (MPI)", flags, True) for name, flags in LAYOUTS if name in MPI]
+    print(f"model: {' '.join(args.model) or 'train_gpt defaults'}")
+    print("| layout | flags | peak measured | estimated | error | step measured | estimated | error |")
+    print("|---|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for name, flags, mpi in rows:
+        memory, step = measure(args, flags, mpi)
+        if memory is None:
+            print(f"| {name} | `{flags}` | not for this model | | | | | |", flush=True)
+            continue
+        peak, est, err = memory
+        worst = max(worst, abs(float(err)))
+        step_cells = f"{step[0]} s | {step[1]} s | {step[2]}%" if step else "| |"
+        print(f"| {name} | `{flags}` | {peak} | {est} | {err}% | {step_cells} |", flush=True)
+    print(f"worst memory error {worst:.1f}% (tolerance {args.memory_tolerance}%)")
+    return 0 if worst <= args.memory_tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
