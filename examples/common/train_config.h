@@ -24,7 +24,7 @@ struct TrainConfig {
   std::string mesh = "dp=2";
   std::string plan = "none";  // auto: choose the layout for --mesh's ranks (dtensor/parallel/plan.h)
   std::string profile;        // a dtensor-plan --calibrate file (--plan auto without one: measure now)
-  std::string schedule;  // with pp; empty: 1f1b
+  std::string schedule;       // with pp; empty: 1f1b
   int64_t microbatches = 0;
   int64_t virtual_stages = 1;
   std::string timeline;

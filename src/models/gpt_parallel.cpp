@@ -35,9 +35,8 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   mem.ffn_split = swiglu ? 4 : 2;
   mem.scores = 0;
   mem.per_head = 1;
-  mem.scalars = 4;  // mean and reciprocal deviation of each norm (RMSNorm: one each)
-  if (config.rms_norm) mem.scalars = 2;
-  mem.sp_gathered = 2;  // the norms' outputs, gathered for q, k, v and the MLP
+  mem.scalars = config.rms_norm ? 2 : 4;  // mean and reciprocal deviation of each norm (RMSNorm: one each)
+  mem.sp_gathered = 2;                    // the norms' outputs, gathered for q, k, v and the MLP
   mem.pipeline_hidden = 2;
   mem.checkpointed_hidden = 1;
   mem.outside_hidden = 2;

@@ -307,7 +307,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // 1F1B's steady state, which holds its most micro-batches with them. GPipe holds
   // its most at the first backward, before any gradient is made.
   const bool persist =
-      ms.gradients_persist || p.zero == 1 || (m > 1 && p.schedule != PlanSchedule::GPipe) || (p.pp == 1 && m > 1);
+      ms.gradients_persist || p.zero == 1 || (m > 1 && (p.pp == 1 || p.schedule != PlanSchedule::GPipe));
   const double layer_grads = static_cast<double>(model.layer_parameters()) / t * grad_b;
   struct StageMemory {
     double params, grads, optimizer, working_set, activations, transient, peak;
@@ -338,9 +338,9 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     // Backward's last block (its activations, or the one rebuilt, and what it adds)
     // with every other block's gradients made: the peak when a block's stored
     // activations weigh less than its gradients (recomputation).
-    const double grads_last = p.zero >= 2              ? mem.grads + module_grads
-                              : persist || p.zero == 1 ? mem.grads
-                                                       : std::max(0.0, mem.grads - layer_grads) + last_mlp * grad_b;
+    const double grads_last = p.zero >= 2 ? mem.grads + module_grads
+                              : persist   ? mem.grads
+                                          : std::max(0.0, mem.grads - layer_grads) + last_mlp * grad_b;
     const double last_block = grads_last + mem.activations - per_layer * std::max(0.0, layers_per_stage - 1) * flight;
     const double grads_end = mem.grads + (p.zero >= 2 && head ? vh * grad_b : 0);
     mem.peak = mem.params + mem.optimizer + mem.working_set +

@@ -140,7 +140,7 @@ struct ClusterSpec {
   // SMs). False where the same cores do both (the CPU: the threads backend's copies and
   // MPI's shared memory run on the ranks' cores): every byte's time is exposed.
   bool overlap_communication = true;
-  int64_t bytes_per_value = 2;                    // the training dtype (2: BF16/FP16 with FP32 master)
+  int64_t bytes_per_value = 2;  // the training dtype (2: BF16/FP16 with FP32 master)
 
   // "a100" (DGX A100: 8 per node, 80 GB, 312 TFLOP/s BF16, NVLink 300 GB/s, 8 x 200 Gb/s
   // HDR), "h100" and "h200" (DGX H100/H200: 989 TFLOP/s BF16, 80/141 GB, NVLink 450 GB/s,
