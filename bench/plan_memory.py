@@ -5,13 +5,20 @@ measured peaks, and with a calibrated profile its step time against the measured
 Each layout trains the model for --steps steps on the threads backend (and under
 mpirun with --mpi); train_gpt's summary sets its peak per rank (the most loaded, the
 allocator's counters) and median step beside the estimator's figures for the same
-configuration. Prints a markdown table; exits 1 when a memory estimate is off by
-more than --memory-tolerance.
+configuration. The layouts run in --rounds rounds, alternating, and a layout's step is
+the median of its rounds' medians (this machine's speed drifts by 10-50% over
+minutes), its spread the lowest and highest of them. MPI rows are estimated on
+--mpi-profile (`mpirun -np 2 dtensor-plan --calibrate F --backend mpi`). With
+--calibrate, each round first calibrates (threads, and MPI with --mpi) and estimates
+its rows on its own profiles; a row's error is then the median of its rounds' errors.
+Prints a markdown table; exits 1 when a memory estimate is off by more than
+--memory-tolerance.
 
-  python3 bench/plan_memory.py --profile /tmp/m.json --mpi -- --layers 4 --dim 128 --seq-len 64 --heads 8
+  python3 bench/plan_memory.py --calibrate --mpi --rounds 3 -- --layers 4 --dim 128 --seq-len 64 --heads 8
 """
 import argparse
 import re
+import statistics
 import subprocess
 import sys
 
@@ -46,14 +53,28 @@ def run(cmd):
     return out.stdout
 
 
+def calibrate(args, mpi):
+    path = f"/tmp/plan_memory_{'mpi' if mpi else 'threads'}.json"
+    cmd = [args.dtensor_plan, "--calibrate", path]
+    if mpi:
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *cmd, "--backend", "mpi"]
+    else:
+        cmd += ["--ranks", "2"]
+    out = run(cmd)
+    fitted = [line for line in out.splitlines() if line.startswith("fitted:")]
+    print(f"calibrated ({'mpi' if mpi else 'threads'}): {fitted[-1] if fitted else '?'}", file=sys.stderr, flush=True)
+    return path
+
+
 def measure(args, flags, mpi):
     ranks = 1
     for size in re.findall(r"=(\d+)", flags.split()[1]):
         ranks *= int(size)
     cmd = [args.train_gpt, *flags.split(), *args.model, "--steps", str(args.steps), "--log", "plain",
            "--out", "/tmp/plan_memory_loss.csv"]
-    if args.profile:
-        cmd += ["--profile", args.profile]
+    profile = args.mpi_profile if mpi and args.mpi_profile else args.profile
+    if profile:
+        cmd += ["--profile", profile]
     if mpi:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), *cmd, "--backend", "mpi"]
     out = run(cmd)
@@ -71,7 +92,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--train-gpt", default="build/examples/train_gpt")
     ap.add_argument("--profile", default="", help="a dtensor-plan --calibrate file: step times are estimated too")
+    ap.add_argument("--mpi-profile", default="", help="the MPI rows' profile (default: --profile)")
+    ap.add_argument("--calibrate", action="store_true", help="calibrate at the start of every round instead")
+    ap.add_argument("--dtensor-plan", default="build/examples/dtensor-plan")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every layout, alternating")
     ap.add_argument("--mpi", action="store_true", help="also run the MPI rows under mpirun")
     ap.add_argument("--memory-tolerance", type=float, default=10.0, help="percent")
     ap.add_argument("model", nargs="*", help="train_gpt's model flags, after --")
@@ -79,18 +104,31 @@ def main():
     rows = [(name, flags, False) for name, flags in LAYOUTS]
     if args.mpi:
         rows += [(name + " (MPI)", flags, True) for name, flags in LAYOUTS if name in MPI]
-    print(f"model: {' '.join(args.model) or 'train_gpt defaults'}")
-    print("| layout | flags | peak measured | estimated | error | step measured | estimated | error |")
+    print(f"model: {' '.join(args.model) or 'train_gpt defaults'}; {args.rounds} rounds of {args.steps} steps")
+    results = {}
+    for _ in range(args.rounds):
+        if args.calibrate:
+            args.profile = calibrate(args, False)
+            args.mpi_profile = calibrate(args, True) if args.mpi else ""
+        for name, flags, mpi in rows:
+            results.setdefault(name, []).append(measure(args, flags, mpi))
+    print("| layout | flags | peak measured | estimated | error | step measured (spread) | estimated | error |")
     print("|---|---|---|---|---|---|---|---|")
     worst = 0.0
     for name, flags, mpi in rows:
-        memory, step = measure(args, flags, mpi)
+        memory, step = results[name][-1]
         if memory is None:
             print(f"| {name} | `{flags}` | not for this model | | | | | |", flush=True)
             continue
         peak, est, err = memory
         worst = max(worst, abs(float(err)))
-        step_cells = f"{step[0]} s | {step[1]} s | {step[2]}%" if step else "| |"
+        step_cells = "| |"
+        if step:
+            measured = sorted(float(r[1][0]) for r in results[name])
+            estimated = statistics.median(float(r[1][1]) for r in results[name])
+            error = statistics.median(float(r[1][1]) / float(r[1][0]) - 1 for r in results[name])
+            step_cells = (f"{statistics.median(measured):.4f} s ({measured[0]:.4f}-{measured[-1]:.4f}) | "
+                          f"{estimated:.4f} s | {error * 100:+.1f}%")
         print(f"| {name} | `{flags}` | {peak} | {est} | {err}% | {step_cells} |", flush=True)
     print(f"worst memory error {worst:.1f}% (tolerance {args.memory_tolerance}%)")
     return 0 if worst <= args.memory_tolerance else 1

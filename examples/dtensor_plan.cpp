@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
       if (backend == "mpi" && init("mpi").rank() != 0) return 0;  // rank 0 reports and writes
       std::printf("%s\n", profile.machine.c_str());
       for (const CalibrationSamples::Gemm& g : profile.samples.gemm)
-        std::printf("  GEMM %4lld^3: %7.2f GFLOP/s per rank\n", static_cast<long long>(g.dim), g.flops_per_s / 1e9);
+        std::printf("  GEMM %4lld x %4lld x %4lld: %7.2f GFLOP/s per rank\n", static_cast<long long>(g.m),
+                    static_cast<long long>(g.n), static_cast<long long>(g.k), g.flops_per_s / 1e9);
       for (const CalibrationSamples::Collective& c : profile.samples.all_reduce)
         std::printf("  all-reduce %9lld B over %lld ranks: %9.1f us\n", static_cast<long long>(c.bytes),
                     static_cast<long long>(profile.ranks), c.seconds * 1e6);

@@ -3,6 +3,7 @@
 // this machine gives rates the estimator can use.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -19,7 +20,12 @@ CalibrationSamples synthetic(double rate, double half_dim, double alpha, double 
   CalibrationSamples s;
   s.ranks = ranks;
   s.backend = "threads";
-  for (int64_t d : {16, 64, 256, 1024}) s.gemm.push_back({d, rate * d / (d + half_dim)});
+  // Squares and tall, thin products, at R / (1 + d0 (1/m + 1/n + 1/k)) with d0 = half_dim / 3.
+  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{
+           {16, 16, 16}, {64, 64, 64}, {256, 256, 256}, {1024, 1024, 1024}, {1024, 64, 256}, {2048, 512, 128}}) {
+    const double sum = 1.0 / static_cast<double>(m) + 1.0 / static_cast<double>(n) + 1.0 / static_cast<double>(k);
+    s.gemm.push_back({m, n, k, rate / (1 + half_dim / 3 * sum)});
+  }
   const double n = static_cast<double>(ranks);
   for (int64_t b : {4096, 1 << 20, 16 << 20})
     s.all_reduce.push_back({b, 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta});
@@ -48,7 +54,7 @@ TEST(MachineProfile, FitRecoversTheRatesItsFormsWereDrawnFrom) {
 TEST(MachineProfile, NoisyGemmRatesFallBackToTheBestSeen) {
   CalibrationSamples s = synthetic(60e9, 48, 3e-6, 5e9, 2);
   // Rates falling with size: no line of the form fits; a flat rate, the best.
-  s.gemm = {{16, 50e9}, {64, 40e9}, {256, 30e9}};
+  s.gemm = {{16, 16, 16, 50e9}, {64, 64, 64, 40e9}, {256, 256, 256, 30e9}};
   const MachineProfile p = fit_profile(s);
   EXPECT_NEAR(p.gemm_flops, 50e9, 1);
   EXPECT_EQ(p.gemm_half_dim, 0);
@@ -112,18 +118,25 @@ TEST(MachineProfile, BadFilesSayWhatIsWrong) {
   fs::remove_all(path.parent_path());
 }
 
-// The cluster a profile describes: its rates per rank, shared by more ranks than measured.
+// The cluster a profile describes: its rates per rank, shared by more ranks than measured,
+// and fewer ranks' larger share of the cores' threads (the host's dispatch of an op
+// stays one thread's).
 TEST(MachineProfile, ClusterCarriesTheMeasuredRates) {
   MachineProfile p = fit_profile(synthetic(60e9, 48, 3e-6, 5e9, 2));
   p.memory_bytes = 24e9;
-  const ClusterSpec two = p.cluster(2), four = p.cluster(4);
+  p.op_seconds = 2e-6;
+  const ClusterSpec one = p.cluster(1), two = p.cluster(2), four = p.cluster(4);
   EXPECT_DOUBLE_EQ(two.peak_flops * two.gemm_efficiency, 60e9);
   EXPECT_DOUBLE_EQ(two.gemm_half_dim, p.gemm_half_dim);
   EXPECT_DOUBLE_EQ(two.intra_bandwidth, 5e9);
   EXPECT_DOUBLE_EQ(two.memory_bytes, 12e9);
   EXPECT_DOUBLE_EQ(four.peak_flops, 30e9);
   EXPECT_DOUBLE_EQ(four.intra_bandwidth, 2.5e9);
+  EXPECT_DOUBLE_EQ(four.op_seconds, 2 * two.op_seconds);
   EXPECT_EQ(four.bytes_per_value, 4);
+  EXPECT_DOUBLE_EQ(one.peak_flops, 120e9);
+  EXPECT_DOUBLE_EQ(one.memory_bandwidth, 2 * two.memory_bandwidth);
+  EXPECT_DOUBLE_EQ(one.op_seconds, two.op_seconds);
   EXPECT_THROW(p.cluster(0), std::invalid_argument);
   EXPECT_THROW(MachineProfile{}.cluster(2), std::invalid_argument);
 }
@@ -132,7 +145,7 @@ TEST(MachineProfile, ClusterCarriesTheMeasuredRates) {
 TEST(MachineProfile, CalibratesThisMachine) {
   CalibrationOptions o;
   o.ranks = 2;
-  o.gemm_dims = {16, 64, 128};
+  o.gemm_shapes = {{16, 16, 16}, {64, 64, 64}, {256, 32, 64}};
   o.all_reduce_bytes = {4096, 1 << 20};
   o.copy_bytes = 4 << 20;
   o.seconds_per_sample = 0.005;

@@ -279,6 +279,28 @@ int64_t measured_peak(const models::GPTConfig& config, const MemoryLayout& layou
   return peak;
 }
 
+// gpt_model_spec's parameter tensors (the optimizer's host cost per tensor) are the
+// model's, for biases or none, LayerNorm or RMSNorm, GELU or SwiGLU, tied or not.
+TEST(Models, SpecCountsTheParameterTensors) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    for (const bool bias : {true, false})
+      for (const bool rms : {false, true})
+        for (const bool tied : {true, false})
+          for (const nn::Activation act : {nn::Activation::Gelu, nn::Activation::SwiGlu}) {
+            models::GPTConfig c = tiny(tied);
+            c.bias = bias;
+            c.rms_norm = rms;
+            c.activation = act;
+            const models::GPT gpt(mesh, c, 3);
+            const parallel::ModelSpec spec = models::gpt_model_spec(c, c.block_size);
+            EXPECT_EQ(static_cast<int64_t>(gpt.parameters().size()),
+                      spec.tensors_per_layer * c.layers + spec.tensors_outside_layers)
+                << "bias " << bias << " rms " << rms << " tied " << tied;
+          }
+  });
+}
+
 // The estimator (parallel/plan.h) with models::GPT's own memory description predicts
 // the allocator's peak per rank within 10% under DDP, ZeRO 1-3, TP (with sequence
 // parallelism), PP, their 3-D composition, accumulation and recomputation.

@@ -115,6 +115,51 @@ TEST(Plan, DispatchOverheadScalesWithMicroBatchesAndLayers) {
   EXPECT_NEAR(staged.overhead_seconds, 4 * 5e-6 * (80 * 2 + 30), 1e-12);
 }
 
+// The optimizer's host time: optimizer_tensor_seconds for each parameter tensor of the
+// device's stage, once per step whatever the micro-batches, on top of its bytes.
+TEST(Plan, OptimizerHostTimePerParameterTensor) {
+  ModelSpec m = ModelSpec::gpt(4, 256, 8, 64, 32);
+  m.tensors_per_layer = 12;
+  m.tensors_outside_layers = 3;
+  ClusterSpec c = ClusterSpec::preset("cpu", 2);
+  const ParallelPlan four = plan_of(2, 1, 1, 0, 16, 2);
+  const PlanEstimate bytes_only = estimate_plan(m, c, 16, four);
+  c.optimizer_tensor_seconds = 7e-6;
+  const PlanEstimate costed = estimate_plan(m, c, 16, four);
+  EXPECT_NEAR(costed.optimizer_seconds - bytes_only.optimizer_seconds, 7e-6 * (12 * 4 + 3), 1e-12);
+  EXPECT_NEAR(costed.step_seconds - bytes_only.step_seconds, 7e-6 * (12 * 4 + 3), 1e-12);
+  // Two stages: each steps its two blocks' tensors (and the tensors outside them).
+  const ParallelPlan staged = plan_of(1, 1, 2, 0, 16, 4);
+  c.optimizer_tensor_seconds = 0;
+  const PlanEstimate staged_bytes = estimate_plan(m, c, 16, staged);
+  c.optimizer_tensor_seconds = 7e-6;
+  EXPECT_NEAR(estimate_plan(m, c, 16, staged).optimizer_seconds - staged_bytes.optimizer_seconds, 7e-6 * (12 * 2 + 3),
+              1e-12);
+}
+
+// On a host, data parallelism's flat buffers are copied by the computing cores: DDP's
+// gradients in and out of its buckets once per step, FSDP's gradients packed per
+// reduce-scatter and its gathered parameters unpacked per gather, at the memory rate
+// (GPUs copy beside the collectives: CommunicationWithoutOverlapIsExposed).
+TEST(Plan, HostCopiesOfDataParallelFlatBuffers) {
+  const ModelSpec m = ModelSpec::gpt(4, 256, 8, 64, 32);
+  ClusterSpec c = ClusterSpec::preset("cpu", 2);
+  ClusterSpec no_copies = c;
+  no_copies.memory_bandwidth = 1e30;
+  const double bytes = static_cast<double>(m.parameters()) * 4;  // FP32 parameters and gradients
+  for (int zero = 0; zero <= 3; ++zero) {
+    const ParallelPlan p = plan_of(2, 1, 1, zero, 16, 2);  // 4 micro-batches of 2
+    const double micro_batches = static_cast<double>(p.micro_batches);
+    const double copies = zero == 0   ? 2      // gradients into the buckets and out
+                          : zero == 1 ? 1 + 1  // packed once, parameters unpacked once
+                          : zero == 2 ? micro_batches + 1
+                                      : micro_batches + 2 * micro_batches;
+    // (the stage holds the parameters but the position table: within 0.1%)
+    const double charged = estimate_plan(m, c, 16, p).dp_seconds - estimate_plan(m, no_copies, 16, p).dp_seconds;
+    EXPECT_NEAR(charged / (copies * bytes / c.memory_bandwidth), 1, 1e-3) << "zero " << zero;
+  }
+}
+
 // Where the cores that compute also copy (the CPU), the data-parallel reduction is not
 // hidden behind backward: its whole time is on the step.
 TEST(Plan, CommunicationWithoutOverlapIsExposed) {
@@ -125,10 +170,42 @@ TEST(Plan, CommunicationWithoutOverlapIsExposed) {
   const PlanEstimate exposed = estimate_plan(m, c, 16, ddp);
   const CostModel threads = CostModel::for_backend("threads", 2);
   const double grads = static_cast<double>(m.parameters()) * 4;
-  // (the stage holds the parameters but the position table: within 0.1%)
-  EXPECT_NEAR(exposed.dp_seconds / threads.all_reduce(static_cast<int64_t>(grads), 2), 1, 1e-3);
-  c.overlap_communication = true;  // behind a backward far longer than the all-reduce
+  // The all-reduce and DDP's copies of the gradients into its buckets and out (the
+  // stage holds the parameters but the position table: within 0.1%).
+  EXPECT_NEAR(
+      exposed.dp_seconds / (threads.all_reduce(static_cast<int64_t>(grads), 2) + 2 * grads / c.memory_bandwidth), 1,
+      1e-3);
+  c.overlap_communication = true;  // behind a backward far longer than the all-reduce, copies beside it
   EXPECT_EQ(estimate_plan(m, c, 16, ddp).dp_seconds, 0);
+}
+
+// Each GEMM runs at the rate of its shape, R / (1 + d0 (1/m + 1/n + 1/k)): with no
+// per-dim cost every FLOP runs at R; with one, a layer split over tensor-parallel ranks
+// (thinner products) takes more than 1/t of the time, and a square GEMM of
+// gemm_half_dim runs at half the rate.
+TEST(Plan, GemmsRunAtTheRateOfTheirShapes) {
+  const ModelSpec m = ModelSpec::gpt(4, 512, 8, 256, 1024);
+  ClusterSpec c = ClusterSpec::preset("h100", 2);
+  c.memory_bandwidth = 1e30;  // no time for memory-bound ops
+  c.gemm_half_dim = 0;
+  const double rate = c.peak_flops * c.gemm_efficiency;
+  const PlanEstimate flat = estimate_plan(m, c, 2, plan_of(2, 1, 1, 0, 2));
+  EXPECT_NEAR(flat.compute_seconds * rate / (m.flops_per_sequence(false) * 2 / 2), 1, 1e-9);
+  c.gemm_half_dim = 384;
+  const PlanEstimate one = estimate_plan(m, c, 2, plan_of(2, 1, 1, 0, 2));
+  const PlanEstimate two = estimate_plan(m, c, 2, plan_of(1, 2, 1, 0, 2));
+  EXPECT_GT(one.compute_seconds, flat.compute_seconds);
+  // tp=2: each device has both sequences and half of each layer: more than half the
+  // time of one sequence's whole layer would take at tp=1 x 2 sequences / 2 devices.
+  EXPECT_GT(two.compute_seconds, one.compute_seconds);
+  // The square product of the half dim: 512^3 GEMMs only (seq 512, hidden 512, one
+  // head of 512, vocab 512, ffn 512) at R / 2 with d_half = 512.
+  ModelSpec square = ModelSpec::gpt(1, 512, 1, 512, 512);
+  square.ffn_hidden = 512;
+  square.fused_qkv = false;
+  c.gemm_half_dim = 512;
+  const PlanEstimate half = estimate_plan(square, c, 2, plan_of(2, 1, 1, 0, 2));
+  EXPECT_NEAR(half.compute_seconds * rate / (square.flops_per_sequence(false) * 2 / 2), 2, 1e-9);
 }
 
 // The estimate is the peak, not the sum: with gradients dropped after each step

@@ -25,10 +25,18 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   m.experts = config.moe_experts;
   m.top_k = config.moe_experts > 0 ? config.moe_top_k : 0;
   m.flash_attention = true;
+  m.fused_qkv = false;  // SelfAttention's q, k and v are three Linears
   // Counted by recording steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2
   // micro-batches.
   m.ops_per_layer = 88;
   m.ops_outside_layers = 35;
+  // Each block's norms (scale, and shift for LayerNorm with biases), q, k, v, the output
+  // projection and the MLP's matrices (three with SwiGLU), with biases; outside, the
+  // token and position tables, the final norm and an untied output matrix.
+  const int64_t norm_tensors = config.rms_norm || !config.bias ? 1 : 2;
+  const int64_t matrices = 4 + (swiglu ? 3 : 2);
+  m.tensors_per_layer = 2 * norm_tensors + matrices * (config.bias ? 2 : 1);
+  m.tensors_outside_layers = 2 + norm_tensors + (config.tie_weights ? 0 : 1);
   parallel::MemorySpec& mem = m.memory;
   mem.hidden = 4;        // the block's input, norm1's output, the residual sum, norm2's output
   mem.hidden_split = 4;  // q, k, v, the attention's output

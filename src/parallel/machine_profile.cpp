@@ -19,7 +19,10 @@
 #include "dtensor/device_mesh.h"
 #include "dtensor/dist_tensor.h"
 #include "dtensor/group.h"
+#include "dtensor/nn/layers.h"
 #include "dtensor/ops.h"
+#include "dtensor/optim.h"
+#include "dtensor/step_plan.h"
 #include "dtensor/tensor.h"
 #include "dtensor/tensor_ops.h"
 #include "util/check.h"
@@ -80,18 +83,20 @@ std::vector<double> mean_over(const Group& group, const std::vector<double>& val
   return mean;
 }
 
-// The best (shortest) per-call time of `calls` calls of fn over `trials` trials, every
-// rank starting each trial together.
+// The median per-call time of `calls` calls of fn over `trials` trials, every rank
+// starting each trial together. The median, not the best: the estimator predicts a
+// training run's median step, and this machine's speed drifts between trials.
 template <class Fn>
-double best_seconds_per_call(const Group& group, int trials, int64_t calls, Fn&& fn) {
-  double best = INFINITY;
+double median_seconds_per_call(const Group& group, int trials, int64_t calls, Fn&& fn) {
+  std::vector<double> seconds;
   for (int trial = 0; trial < trials; ++trial) {
     barrier(group);
     const Clock::time_point start = Clock::now();
     for (int64_t i = 0; i < calls; ++i) fn();
-    best = std::min(best, seconds_since(start) / static_cast<double>(calls));
+    seconds.push_back(seconds_since(start) / static_cast<double>(calls));
   }
-  return best;
+  std::nth_element(seconds.begin(), seconds.begin() + trials / 2, seconds.end());
+  return seconds[static_cast<size_t>(trials / 2)];
 }
 
 // Calls of a kernel costing `seconds_each` that fill `budget` seconds (at least 2); the
@@ -106,15 +111,15 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
   s.machine = cpu::summary();  // inside the rank: its threads
   s.ranks = world.size();
   s.backend = o.backend;
-  for (int64_t d : o.gemm_dims) {
-    DT_CHECK_ARG(d >= 1, kOp, "expected GEMM sizes >= 1, got ", d);
-    const Tensor a = Tensor::randn({d, d}, 1), b = Tensor::randn({d, d}, 2);
+  for (const auto& [m, n, k] : o.gemm_shapes) {
+    DT_CHECK_ARG(m >= 1 && n >= 1 && k >= 1, kOp, "expected GEMM sizes >= 1, got ", m, " x ", n, " x ", k);
+    const Tensor a = Tensor::randn({m, k}, 1), b = Tensor::randn({k, n}, 2);
     (void)matmul(a, b);  // the first call of a shape chooses its engine by measuring
     const Clock::time_point probe = Clock::now();
     (void)matmul(a, b);
     const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-    const double seconds = best_seconds_per_call(world, o.trials, calls, [&] { (void)matmul(a, b); });
-    s.gemm.push_back({d, mean_over(world, {2.0 * d * d * d / seconds})[0]});
+    const double seconds = median_seconds_per_call(world, o.trials, calls, [&] { (void)matmul(a, b); });
+    s.gemm.push_back({m, n, k, mean_over(world, {2.0 * m * n * k / seconds})[0]});
   }
   for (int64_t bytes : o.all_reduce_bytes) {
     DT_CHECK_ARG(bytes >= 4, kOp, "expected all-reduce sizes of at least 4 bytes, got ", bytes);
@@ -123,37 +128,69 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
     const Clock::time_point probe = Clock::now();
     all_reduce_(world, t);
     const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-    const double seconds = best_seconds_per_call(world, o.trials, calls, [&] { all_reduce_(world, t); });
+    const double seconds = median_seconds_per_call(world, o.trials, calls, [&] { all_reduce_(world, t); });
     // A collective ends when its slowest rank does: the group's longest.
     Tensor slowest = Tensor::from_vector(std::vector<double>{seconds}, {1});
     all_reduce_(world, slowest, ReduceOp::Max);
     s.all_reduce.push_back({bytes / 4 * 4, slowest.item<double>()});
   }
   {
-    // A chain of small elementwise ops on a replicated DistTensor, forward and backward:
-    // dispatch, sharding propagation and autograd, almost no arithmetic, no communication.
-    DT_CHECK_ARG(o.op_chain >= 1, kOp, "expected an op chain of at least 1, got ", o.op_chain);
+    // A transformer block (nn::TransformerBlock) at a size with almost no arithmetic,
+    // forward and backward, its batch sharded over the ranks: dispatch, sharding
+    // propagation, autograd, allocation and each kernel's fixed cost, per op it
+    // dispatches (counted by recording one step), as a model's ops cost them.
+    DT_CHECK_ARG(o.op_block_dim >= 2 && o.op_block_dim % 2 == 0, kOp,
+                 "expected an even op_block_dim of at least 2, got ", o.op_block_dim);
     const DeviceMesh mesh(world, {world.size()}, {"dp"});
-    const DistTensor x =
-        DistTensor::from_local(Tensor::randn({8, 64}, 3), mesh, {Replicate()}, Shape{8, 64}).set_requires_grad();
-    auto chain = [&] {
-      DistTensor y = x;
-      for (int64_t i = 0; i < o.op_chain; ++i) y = mul(add(y, 1.0), 0.5);
-      sum(y).backward();
+    nn::BlockConfig config;
+    config.dim = o.op_block_dim;
+    config.heads = 2;
+    config.mlp_hidden = 4 * o.op_block_dim;
+    config.layers = 1;
+    nn::TransformerBlock block(mesh, config, /*seed=*/7);
+    const int64_t seq = 4;
+    const DistTensor x = DistTensor::from_local(Tensor::randn({1, seq, o.op_block_dim}, 3), mesh, {Shard(0)},
+                                                Shape{world.size(), seq, o.op_block_dim});
+    auto block_step = [&] {
+      block.zero_grad();
+      sum(block.forward(x)).backward();
     };
-    chain();
+    block_step();
+    double ops = 0;
+    {
+      StepPlanner counter;
+      {
+        PlannedStep recording(counter);
+        block_step();
+      }
+      ops = static_cast<double>(counter.last_report().ops);
+    }
+    DT_CHECK_ARG(ops > 0, kOp, "expected the calibration block to dispatch ops, recording counted none");
     const Clock::time_point probe = Clock::now();
-    chain();
+    block_step();
     const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-    // 2 ops per link and the sum forward, as many backward.
-    const double ops = 2.0 * (2.0 * static_cast<double>(o.op_chain) + 1);
-    s.op_seconds = mean_over(world, {best_seconds_per_call(world, o.trials, calls, chain) / ops})[0];
+    s.op_seconds = mean_over(world, {median_seconds_per_call(world, o.trials, calls, block_step) / ops})[0];
+    // The block's optimizer step as train_gpt takes it (clipping by the global norm,
+    // AdamW), per parameter tensor: each tensor's norm, update and state are ops and
+    // kernels of their own, a host cost that a tensor's size does not change here.
+    const std::vector<DistTensor> params = block.parameters();
+    AdamW optimizer(params, AdamWOptions{});
+    auto optimizer_step = [&] {
+      (void)clip_grad_norm(params, 1.0);
+      optimizer.step();
+    };
+    optimizer_step();
+    const Clock::time_point probe_step = Clock::now();
+    optimizer_step();
+    const int64_t steps = calls_for(world, seconds_since(probe_step), o.seconds_per_sample);
+    s.optimizer_tensor_seconds = mean_over(world, {median_seconds_per_call(world, o.trials, steps, optimizer_step) /
+                                                   static_cast<double>(params.size())})[0];
   }
   {
     const size_t n = static_cast<size_t>(std::max<int64_t>(o.copy_bytes, 4096));
     std::vector<char> from(n, 1), to(n, 0);
     std::memcpy(to.data(), from.data(), n);  // pages in
-    const double seconds = best_seconds_per_call(world, o.trials, 1, [&] { std::memcpy(to.data(), from.data(), n); });
+    const double seconds = median_seconds_per_call(world, o.trials, 1, [&] { std::memcpy(to.data(), from.data(), n); });
     s.copy_bytes_per_s = mean_over(world, {static_cast<double>(n) / seconds})[0];
   }
   return s;
@@ -185,12 +222,16 @@ MachineProfile fit_profile(const CalibrationSamples& s) {
   p.memory_bandwidth = s.copy_bytes_per_s;
   DT_CHECK_ARG(s.op_seconds >= 0, kOp, "expected a non-negative time per op, got ", s.op_seconds);
   p.op_seconds = s.op_seconds;
-  // rate(d) = R d / (d + h)  <=>  1/rate = 1/R + (h/R) (1/d).
+  DT_CHECK_ARG(s.optimizer_tensor_seconds >= 0, kOp, "expected a non-negative optimizer time per tensor, got ",
+               s.optimizer_tensor_seconds);
+  p.optimizer_tensor_seconds = s.optimizer_tensor_seconds;
+  // rate = R / (1 + d0 (1/m + 1/n + 1/k))  <=>  1/rate = 1/R + (d0/R) (1/m + 1/n + 1/k).
   std::vector<double> x, y;
   for (const CalibrationSamples::Gemm& g : s.gemm) {
-    DT_CHECK_ARG(g.dim >= 1 && g.flops_per_s > 0, kOp, "expected a GEMM size >= 1 and a positive rate, got ", g.dim,
-                 " at ", g.flops_per_s, " FLOP/s");
-    x.push_back(1.0 / static_cast<double>(g.dim));
+    DT_CHECK_ARG(g.m >= 1 && g.n >= 1 && g.k >= 1 && g.flops_per_s > 0, kOp,
+                 "expected GEMM sizes >= 1 and a positive rate, got ", g.m, " x ", g.n, " x ", g.k, " at ",
+                 g.flops_per_s, " FLOP/s");
+    x.push_back(1.0 / static_cast<double>(g.m) + 1.0 / static_cast<double>(g.n) + 1.0 / static_cast<double>(g.k));
     y.push_back(1.0 / g.flops_per_s);
   }
   Line gemm = fit_line(x, y);
@@ -201,7 +242,7 @@ MachineProfile fit_profile(const CalibrationSamples& s) {
     gemm = {1.0 / best, 0};
   }
   p.gemm_flops = 1.0 / gemm.intercept;
-  p.gemm_half_dim = gemm.slope / gemm.intercept;
+  p.gemm_half_dim = 3 * gemm.slope / gemm.intercept;
   // t(B) = 2(n-1) alpha + 2(n-1)/n B / beta. On one rank an all-reduce moves nothing:
   // its cost is a call's overhead, kept as the latency, and beta is the copy rate.
   const double n = static_cast<double>(s.ranks);
@@ -250,7 +291,10 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   DT_CHECK_ARG(devices >= 1, kOp, "expected at least one device, got ", devices);
   DT_CHECK_ARG(gemm_flops > 0 && bandwidth > 0 && memory_bandwidth > 0 && ranks >= 1, kOp,
                "the profile has no rates (expected one from calibrate or load)");
-  const double share = std::min(1.0, static_cast<double>(ranks) / static_cast<double>(devices));
+  // More ranks than measured share the cores further; fewer have more of the cores'
+  // threads each (cpu::threads_per_rank: the host's cores over its ranks), which the
+  // GEMMs, copies and collectives use but the host's dispatch of an op does not.
+  const double share = static_cast<double>(ranks) / static_cast<double>(devices);
   ClusterSpec c;
   c.name = "cpu (measured)";
   c.devices = devices;
@@ -262,7 +306,8 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   c.intra_bandwidth = c.inter_bandwidth = bandwidth * share;
   c.intra_latency = c.inter_latency = latency;
   c.memory_bandwidth = memory_bandwidth * share;
-  c.op_seconds = op_seconds / share;
+  c.op_seconds = op_seconds / std::min(1.0, share);
+  c.optimizer_tensor_seconds = optimizer_tensor_seconds / std::min(1.0, share);
   c.overlap_communication = false;  // the ranks' cores copy the bytes
   c.bytes_per_value = 4;
   c.validate();
@@ -274,8 +319,9 @@ std::string MachineProfile::to_string() const {
   os.precision(3);
   os << "GEMM " << gemm_flops / 1e9 << " GFLOP/s per rank (half of it at size " << gemm_half_dim << "), copy "
      << memory_bandwidth / 1e9 << " GB/s per rank, collectives " << latency * 1e6 << " us per hop and "
-     << bandwidth / 1e9 << " GB/s per rank, " << op_seconds * 1e6 << " us per dispatched op (" << backend << ", "
-     << ranks << " ranks busy)";
+     << bandwidth / 1e9 << " GB/s per rank, " << op_seconds * 1e6 << " us per dispatched op, "
+     << optimizer_tensor_seconds * 1e6 << " us per parameter tensor in the optimizer step (" << backend << ", " << ranks
+     << " ranks busy)";
   return os.str();
 }
 
@@ -293,15 +339,17 @@ void MachineProfile::save(const std::string& path) const {
   j["latency"] = latency;
   j["bandwidth"] = bandwidth;
   j["op_seconds"] = op_seconds;
+  j["optimizer_tensor_seconds"] = optimizer_tensor_seconds;
   nlohmann::json gemm = nlohmann::json::array(), collectives = nlohmann::json::array();
   for (const CalibrationSamples::Gemm& g : samples.gemm)
-    gemm.push_back({{"dim", g.dim}, {"flops_per_s", g.flops_per_s}});
+    gemm.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"flops_per_s", g.flops_per_s}});
   for (const CalibrationSamples::Collective& c : samples.all_reduce)
     collectives.push_back({{"bytes", c.bytes}, {"seconds", c.seconds}});
   j["samples"] = {{"gemm", gemm},
                   {"all_reduce", collectives},
                   {"copy_bytes_per_s", samples.copy_bytes_per_s},
-                  {"op_seconds", samples.op_seconds}};
+                  {"op_seconds", samples.op_seconds},
+                  {"optimizer_tensor_seconds", samples.optimizer_tensor_seconds}};
   const std::string tmp = path + ".part";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -342,19 +390,27 @@ MachineProfile MachineProfile::load(const std::string& path) {
   p.latency = field<double>(j, "latency", path);
   p.bandwidth = field<double>(j, "bandwidth", path);
   p.op_seconds = field<double>(j, "op_seconds", path);
+  // Profiles written before it was measured: not costed.
+  p.optimizer_tensor_seconds =
+      j.contains("optimizer_tensor_seconds") ? field<double>(j, "optimizer_tensor_seconds", path) : 0;
   DT_CHECK_ARG(p.ranks >= 1 && p.gemm_flops > 0 && p.gemm_half_dim >= 0 && p.memory_bandwidth > 0 && p.latency >= 0 &&
-                   p.bandwidth > 0 && p.op_seconds >= 0,
+                   p.bandwidth > 0 && p.op_seconds >= 0 && p.optimizer_tensor_seconds >= 0,
                kOp, "'", path, "': expected ranks >= 1 and positive rates, got ", p.to_string());
   if (j.contains("samples")) {
     const nlohmann::json& s = j.at("samples");
     p.samples.ranks = p.ranks;
     p.samples.backend = p.backend;
-    for (const nlohmann::json& g : field<nlohmann::json>(s, "gemm", path))
-      p.samples.gemm.push_back({field<int64_t>(g, "dim", path), field<double>(g, "flops_per_s", path)});
+    for (const nlohmann::json& g : field<nlohmann::json>(s, "gemm", path)) {
+      // Square samples of earlier profiles: {"dim": d}.
+      const int64_t d = g.contains("dim") ? field<int64_t>(g, "dim", path) : 0;
+      p.samples.gemm.push_back({d > 0 ? d : field<int64_t>(g, "m", path), d > 0 ? d : field<int64_t>(g, "n", path),
+                                d > 0 ? d : field<int64_t>(g, "k", path), field<double>(g, "flops_per_s", path)});
+    }
     for (const nlohmann::json& c : field<nlohmann::json>(s, "all_reduce", path))
       p.samples.all_reduce.push_back({field<int64_t>(c, "bytes", path), field<double>(c, "seconds", path)});
     p.samples.copy_bytes_per_s = field<double>(s, "copy_bytes_per_s", path);
     p.samples.op_seconds = field<double>(s, "op_seconds", path);
+    p.samples.optimizer_tensor_seconds = p.optimizer_tensor_seconds;
   }
   return p;
 }

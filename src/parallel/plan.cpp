@@ -67,6 +67,9 @@ void ModelSpec::validate() const {
                "expected kv_heads dividing heads (0: heads), got ", kv_heads, " of ", heads);
   DT_CHECK_ARG(experts >= 0 && (experts == 0 || (top_k > 0 && top_k <= experts)), kOp,
                "expected 0 experts (dense) or top_k in [1, experts], got ", experts, " experts and top_k ", top_k);
+  DT_CHECK_ARG(ops_per_layer >= 0 && ops_outside_layers >= 0 && tensors_per_layer >= 0 && tensors_outside_layers >= 0,
+               kOp, "expected non-negative op and parameter tensor counts, got ", ops_per_layer, ", ",
+               ops_outside_layers, ", ", tensors_per_layer, " and ", tensors_outside_layers);
 }
 
 namespace {
@@ -127,8 +130,8 @@ ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {
     // per device kind (A100: Megatron-LM's 1.7B row; Hopper: Megatron-Core's GPT-3 175B
     // on 96 H100). A fitted number, not a measured GEMM rate: it trades off against
     // gemm_half_dim (bench/RESULTS.md, "dtensor-plan --validate").
-    c.gemm_efficiency = hopper ? 0.592 : 0.755;
-    c.gemm_half_dim = 128;
+    c.gemm_efficiency = hopper ? 0.588 : 0.755;
+    c.gemm_half_dim = 288;
     c.intra_bandwidth = hopper ? 450e9 : 300e9;  // NVLink 4 / 3, per direction
     c.intra_latency = 3e-6;
     c.inter_bandwidth = hopper ? 50e9 : 25e9;  // one 400 / 200 Gb/s NIC per GPU
@@ -170,6 +173,9 @@ void ClusterSpec::validate() const {
                "': expected positive memory, peak FLOP/s, bandwidths and a GEMM efficiency in (0, 1]");
   DT_CHECK_ARG(bytes_per_value == 2 || bytes_per_value == 4, kOp, "expected 2 or 4 bytes per value, got ",
                bytes_per_value);
+  DT_CHECK_ARG(op_seconds >= 0 && optimizer_tensor_seconds >= 0, kOp, "cluster '", name,
+               "': expected non-negative host times per op and per parameter tensor, got ", op_seconds, " and ",
+               optimizer_tensor_seconds);
 }
 
 // ---- plans ---------------------------------------------------------------------------
@@ -249,7 +255,6 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // (ceil) sets the pace and holds the most.
   const int64_t chunks = p.pp * v;
   const double layers_per_stage = static_cast<double>((model.layers + chunks - 1) / chunks * v);
-  const double balance = layers_per_stage / (static_cast<double>(model.layers) / pp);
 
   // ---- memory: the first pipeline stage (the most activations) or the last (the
   // output layer and the FP32 logits), whichever holds more ----
@@ -372,27 +377,41 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     hardware_flops += batch * s * static_cast<double>(model.layers) * 4 * s * h;
   }
   const double model_flops = batch * model.flops_per_sequence(false);
-  // GEMMs: the layers' and the logits' at the rate of their smaller dim, attention's
-  // products at the head dim's.
-  auto gemm_rate = [&](double dim) {
-    return cluster.peak_flops * cluster.gemm_efficiency * dim / (dim + cluster.gemm_half_dim);
+  // GEMMs, each at the rate of its shape: an M x N x K product pays a fixed cost per
+  // row, column and depth step against its M N K multiply-adds, so it runs at
+  // R / (1 + d0 (1/M + 1/N + 1/K)), d0 a third of gemm_half_dim (a square GEMM of that
+  // size runs at half the rate). Forward, and backward's two products (dX: M x K x N,
+  // dW: K x N x M) have the same three dims.
+  const double d0 = cluster.gemm_half_dim / 3;
+  auto gemm_seconds_of = [&](double rows, double cols, double depth) {
+    const double rate = cluster.peak_flops * cluster.gemm_efficiency / (1 + d0 * (1 / rows + 1 / cols + 1 / depth));
+    return 2 * rows * cols * depth / rate;
   };
-  const double attention_flops =
-      batch * model.attention_flops_per_sequence(full || p.recompute == Recompute::Selective);
+  const double hd = h / a, kv = static_cast<double>(model.kv_heads > 0 ? model.kv_heads : model.heads);
+  const double experts = static_cast<double>(std::max<int64_t>(model.experts, 1));
+  const double routed = tokens * static_cast<double>(model.experts > 0 ? model.top_k : 1) / experts;
+  // One layer's forward GEMMs on one micro-batch: q, k, v; the output projection; the
+  // MLP's (each expert on the tokens routed to it) and the router; attention's scores
+  // and weighted sum per head.
+  const double qkv = model.fused_qkv ? gemm_seconds_of(tokens, (h + 2 * kv * hd) / t, h)
+                                     : gemm_seconds_of(tokens, h / t, h) + 2 * gemm_seconds_of(tokens, kv * hd / t, h);
+  const double layer_dense =
+      qkv + gemm_seconds_of(tokens, h, h / t) +
+      experts * ((model.gated_mlp ? 2 : 1) * gemm_seconds_of(routed, f / t, h) + gemm_seconds_of(routed, h, f / t)) +
+      (model.experts > 0 ? gemm_seconds_of(tokens, experts, h) : 0);
+  const double layer_attention = b * a / t * 2 * gemm_seconds_of(s, s, hd);
+  const double dense_passes = full ? 4 : 3;
+  const double attention_passes = full || p.recompute == Recompute::Selective ? 4 : 3;
   // The output layer's GEMMs (forward and backward, never recomputed) run on the last
   // stage only: the pipeline goes at its pace when it is the heaviest.
-  const double logits_flops = batch * s * 3 * 2 * h * static_cast<double>(model.vocab);
-  const double devices_d = static_cast<double>(cluster.devices);
-  const double dense_rate = gemm_rate(std::min(h / t, b * s));
-  const double gemm_seconds = ((hardware_flops - attention_flops - logits_flops) / dense_rate +
-                               attention_flops / gemm_rate(std::min(h / a, s))) /
-                                  devices_d * balance +
-                              logits_flops / dense_rate / (dp * t);
-  // Memory-bound ops: the bytes stored per layer and micro-batch, moved 5 times (7 when
-  // forward runs again), on the device's share of the layers and micro-batches.
-  const double sbh = s * b * h * bpv / 2;
-  const double elementwise = sbh * (p.sequence_parallel ? 34 / t : 10 + 24 / t);
-  const double scores = model.flash_attention ? 0 : 5 * a * s * s * b / t * bpv / 2;
+  const double gemm_seconds =
+      m * (layers_per_stage * (dense_passes * layer_dense + attention_passes * layer_attention) +
+           3 * gemm_seconds_of(tokens, vocab / t, h));
+  // Memory-bound ops: the bytes stored per layer and micro-batch (MemorySpec), moved 5
+  // times (7 when forward runs again: the scores under selective recomputation, all
+  // of it under full), on the device's share of the layers and micro-batches.
+  const double elementwise = layer_activations(false);
+  const double scores = layer_activations(true) - elementwise;
   const double moves = p.recompute == Recompute::None ? 5 : 7;
   const double memory_seconds =
       (elementwise * (full ? 7 : 5) + scores * moves) * layers_per_stage * m / cluster.memory_bandwidth;
@@ -449,9 +468,23 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       e.dp_seconds = m * (exposed(gather, forward) +
                           exposed(gather + dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward));
     }
+    if (!cluster.overlap_communication) {
+      // Flat buffers, copied by the cores that compute: DDP packs the gradients into its
+      // buckets and copies the reduced ones out (once per step); FSDP packs them for
+      // each reduce-scatter (ZeRO-1: once per step) and unpacks each gathered copy of
+      // the parameters (ZeRO-1/2: once per step; ZeRO-3: for every micro-batch's
+      // forward and backward).
+      const double packs = p.zero == 0 ? 2 : p.zero == 1 ? 1 : m;
+      const double unpacks = p.zero == 0 ? 0 : p.zero == 3 ? 2 * m : 1;
+      e.dp_seconds += (packs * grad_total + unpacks * param_total) / cluster.memory_bandwidth;
+    }
   }
-  // The optimizer reads and writes its state, the gradients and the parameters once.
-  e.optimizer_seconds = (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 / cluster.memory_bandwidth;
+  // The optimizer reads and writes its state, the gradients and the parameters once;
+  // on the host, each of the stage's parameter tensors costs its own ops besides.
+  e.optimizer_seconds =
+      (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 / cluster.memory_bandwidth +
+      cluster.optimizer_tensor_seconds * (static_cast<double>(model.tensors_per_layer) * layers_per_stage +
+                                          static_cast<double>(model.tensors_outside_layers));
   e.step_seconds =
       e.compute_seconds + e.tp_seconds + e.pp_seconds + e.bubble_seconds + e.dp_seconds + e.optimizer_seconds;
   const double devices = static_cast<double>(cluster.devices);

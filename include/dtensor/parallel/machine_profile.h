@@ -7,12 +7,15 @@
 //   ClusterSpec c = MachineProfile::load("machine.json").cluster(/*devices=*/2);
 //
 // The fits (fit_profile) are the estimator's own forms, so a profile is exactly what it
-// reads: a square GEMM of size d runs at R d / (d + d_half) per rank, fitted as the line
-// 1/rate = 1/R + (d_half/R) (1/d); an all-reduce of B bytes over n ranks takes
+// reads: an [m, k] x [k, n] GEMM runs at R / (1 + d0 (1/m + 1/n + 1/k)) per rank (a fixed
+// cost per row, column and depth step; d_half = 3 d0 is the square size at R / 2),
+// fitted on square and transformer-shaped (tall, thin) GEMMs as the line
+// 1/rate = 1/R + (d0/R) (1/m + 1/n + 1/k); an all-reduce of B bytes over n ranks takes
 // 2(n-1) alpha + 2(n-1)/n B / beta (cost_model.h's ring), fitted as a line in B. Both
 // lines are fitted in relative error, as the estimator's predictions are judged.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -24,12 +27,12 @@ namespace dtensor::parallel {
 // What calibrate measured: the points the profile is fitted to.
 struct CalibrationSamples {
   struct Gemm {
-    int64_t dim = 0;         // a [d, d] x [d, d] product
-    double flops_per_s = 0;  // per rank, the best of a few trials, the ranks' mean
+    int64_t m = 0, n = 0, k = 0;  // an [m, k] x [k, n] product
+    double flops_per_s = 0;       // per rank, the median of a few trials, the ranks' mean
   };
   struct Collective {
     int64_t bytes = 0;   // the all-reduced buffer
-    double seconds = 0;  // per call, the best of a few trials
+    double seconds = 0;  // per call, the median of a few trials
   };
   int64_t ranks = 0;  // busy at once while measuring, and the all-reduce's group
   std::string backend;
@@ -37,9 +40,12 @@ struct CalibrationSamples {
   std::vector<Gemm> gemm;
   std::vector<Collective> all_reduce;
   double copy_bytes_per_s = 0;  // per rank: buffer bytes copied per second (read + write)
-  // Per dispatched op of a small replicated DistTensor chain, forward and backward
-  // ops counted alike: the host's cost of an op that does almost no work.
+  // Per dispatched op of a tiny transformer block's forward and backward (batch sharded
+  // over the ranks): the host's cost of a model's op that does almost no work.
   double op_seconds = 0;
+  // Per parameter tensor of that block's optimizer step (clipping by the global norm,
+  // AdamW): the host's cost of a tensor's norm, update and state.
+  double optimizer_tensor_seconds = 0;
 };
 
 struct MachineProfile {
@@ -49,11 +55,12 @@ struct MachineProfile {
   int64_t ranks = 0;            // busy at once while measuring
   double memory_bytes = 0;      // the host's, shared by its ranks
   double gemm_flops = 0;        // R: a large GEMM's rate per rank, FLOP/s (FP32)
-  double gemm_half_dim = 0;     // d_half: the square GEMM size that runs at R / 2
+  double gemm_half_dim = 0;     // d_half: the square GEMM size that runs at R / 2 (3 d0)
   double memory_bandwidth = 0;  // per rank, bytes copied per second
   double latency = 0;           // alpha: seconds per hop of a collective
   double bandwidth = 0;         // beta: bytes per second per rank, one direction
   double op_seconds = 0;        // host time per dispatched op (ClusterSpec::op_seconds)
+  double optimizer_tensor_seconds = 0;  // per parameter tensor (ClusterSpec::optimizer_tensor_seconds)
   CalibrationSamples samples;   // what it was fitted to
 
   // The cluster of `devices` ranks on this host: the rates per rank as measured with
@@ -69,12 +76,16 @@ struct MachineProfile {
 struct CalibrationOptions {
   int64_t ranks = 0;                // 0: the host's cores
   std::string backend = "threads";  // ranks are threads of this process
-  std::vector<int64_t> gemm_dims{32, 64, 128, 256, 512};
+  // {m, n, k}: squares, and a layer's products at 1024 and 2048 tokens (tall and thin,
+  // as tensor parallelism makes them).
+  std::vector<std::array<int64_t, 3>> gemm_shapes{{32, 32, 32},     {64, 64, 64},    {128, 128, 128}, {256, 256, 256},
+                                                  {512, 512, 512},  {1024, 64, 256}, {1024, 256, 64}, {1024, 128, 512},
+                                                  {1024, 512, 128}, {2048, 256, 256}};
   std::vector<int64_t> all_reduce_bytes{4096, 65536, 1 << 20, 4 << 20, 16 << 20};
   int64_t copy_bytes = 64 << 20;  // per rank, larger than the caches
-  int64_t op_chain = 32;          // ops in the dispatch chain (each with its backward)
+  int64_t op_block_dim = 8;       // width of the transformer block whose ops are timed (almost no arithmetic)
   double seconds_per_sample = 0.05;
-  int trials = 3;
+  int trials = 5;  // each sample the median of these
 };
 
 // Measures this machine (collective over its own `ranks` threads; call it outside

@@ -21,20 +21,21 @@
 //   first stage; interleaved: p (1 + (p-1)/(p v)); GPipe: m); the peak at backward's
 //   start, or its end where the gradients outweigh the activations.
 // - Step time: the device's share of the FLOPs at its GEMM rate (peak x efficiency,
-//   which falls for GEMMs with a small dim: eff_max x d / (d + d_half), d the smaller
-//   of hidden/tp and the micro-batch's tokens; the head dim for attention's products);
+//   which falls for small GEMMs: an [m, k] x [k, n] product runs at
+//   eff_max / (1 + d0 (1/m + 1/n + 1/k)), d0 = d_half / 3, each of a layer's products
+//   at its own shape: q, k, v, the output projection, the MLP's, attention's per head);
 //   the memory-bound ops (norms, activations, dropout, residuals, and softmax over the
-//   scores without fused attention) as the bytes Korthikanti et al. count stored per
-//   layer, moved 5 times (written and read in forward, read, written and read in
-//   backward; 7 with recomputation) at the memory bandwidth; tensor-parallel all-reduces (or
-//   reduce-scatter + all-gather) on the critical path; the pipeline bubble
-//   (p-1)/(v m) of the compute; point-to-point sends; the data-parallel gradient
-//   reduction overlapped with the last micro-batch's backward; all under the
-//   alpha-beta model of cost_model.h with intra-node (NVLink) or inter-node links.
+//   scores without fused attention) as the bytes stored per layer (MemorySpec), moved 5 times (written and read in
+//   forward, read, written and read in backward; 7 with recomputation) at the memory bandwidth; tensor-parallel
+//   all-reduces (or reduce-scatter + all-gather) on the critical path; the pipeline bubble (p-1)/(v m) of the compute;
+//   point-to-point sends; the data-parallel gradient reduction overlapped with the last micro-batch's backward; all
+//   under the alpha-beta model of cost_model.h with intra-node (NVLink) or inter-node links; the optimizer reading and
+//   writing its bytes. On a host (a measured profile) the ops' dispatch and the optimizer's per-tensor work are charged
+//   too.
 // A GPU preset's GEMM efficiency is fitted to one published run; the GEMM half dim, the
 // memory-bound ops' 5 (7) moves and backward's 2/3 share were set while Megatron-LM's
 // A100 table was in view. `dtensor-plan --validate` compares the model with published
-// runs (bench/RESULTS.md: the A100 table within 7.5%, the Hopper runs not yet).
+// runs (bench/RESULTS.md: the A100 table within 8.7%, the Hopper runs not yet).
 #pragma once
 
 #include <cstdint>
@@ -91,6 +92,7 @@ struct ModelSpec {
   bool gated_mlp = false;  // SwiGLU: three ffn matrices instead of two
   bool tied_embeddings = false;
   bool linear_biases = false;      // the blocks' linear layers have biases (counted in the parameters)
+  bool fused_qkv = true;           // q, k and v in one GEMM (Megatron); false: three, each at its own shape
   int64_t learned_positions = 0;   // rows of a learned position table (0: rotary or none)
   int64_t experts = 0, top_k = 0;  // mixture of experts (0: dense)
   // Fused attention (FlashAttention, cuDNN): the [s, s] scores are never stored. Off:
@@ -101,6 +103,10 @@ struct ModelSpec {
   // op_seconds they cost host time that does not shrink with the batch (0: not costed).
   // train_gpt's GPT dispatches 88 per block and 35 outside (counted by recording a step).
   int64_t ops_per_layer = 0, ops_outside_layers = 0;
+  // Parameter tensors (weights, biases, norms' scales and shifts) per block and outside
+  // the blocks, each a step of the optimizer's at the cluster's
+  // optimizer_tensor_seconds (0: not costed).
+  int64_t tensors_per_layer = 0, tensors_outside_layers = 0;
   MemorySpec memory;  // the implementation's activations (default: Megatron-LM's)
 
   static ModelSpec gpt(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab);
@@ -128,7 +134,7 @@ struct ClusterSpec {
   double memory_bytes = 0;                        // per device, usable
   double peak_flops = 0;                          // dense, the training dtype
   double gemm_efficiency = 0.8;                   // of peak on large GEMMs
-  double gemm_half_dim = 256;                     // a GEMM whose smaller dim is this runs at half that rate
+  double gemm_half_dim = 256;                     // a square GEMM of this size runs at half that rate
   double intra_bandwidth = 0, intra_latency = 0;  // within a node (NVLink, shared memory)
   double inter_bandwidth = 0, inter_latency = 0;  // across nodes (InfiniBand)
   double memory_bandwidth = 0;                    // HBM or DRAM, for the optimizer step
@@ -136,6 +142,10 @@ struct ClusterSpec {
   // kernels run on the host (a measured profile, machine_profile.h). 0 for the GPU
   // presets: launches queue behind the kernels.
   double op_seconds = 0;
+  // Host time of the optimizer step per parameter tensor (clipping's norm, the update,
+  // its state: each tensor's own ops and kernels), on the critical path on the host. 0
+  // for the GPU presets (fused multi-tensor kernels).
+  double optimizer_tensor_seconds = 0;
   // The data-parallel collectives run beside compute (GPUs: copy engines and spare
   // SMs). False where the same cores do both (the CPU: the threads backend's copies and
   // MPI's shared memory run on the ranks' cores): every byte's time is exposed.
