@@ -77,6 +77,9 @@ TEST(MachineProfile, SavesAtomicallyAndLoadsWhatItSaved) {
   p.machine = "test CPU";
   p.measured_at = "2026-12-06T00:00:00Z";
   p.memory_bytes = 24e9;
+  p.op_seconds = 3e-6;
+  p.optimizer_tensor_seconds = 4e-6;
+  p.fsdp_collective_seconds = 5e-5;
   const fs::path path = scratch("machine.json");
   p.save(path.string());
   EXPECT_FALSE(fs::exists(path.string() + ".part"));
@@ -89,6 +92,9 @@ TEST(MachineProfile, SavesAtomicallyAndLoadsWhatItSaved) {
   EXPECT_DOUBLE_EQ(q.latency, p.latency);
   EXPECT_DOUBLE_EQ(q.bandwidth, p.bandwidth);
   EXPECT_DOUBLE_EQ(q.memory_bandwidth, p.memory_bandwidth);
+  EXPECT_DOUBLE_EQ(q.op_seconds, 3e-6);
+  EXPECT_DOUBLE_EQ(q.optimizer_tensor_seconds, 4e-6);
+  EXPECT_DOUBLE_EQ(q.fsdp_collective_seconds, 5e-5);
   ASSERT_EQ(q.samples.gemm.size(), p.samples.gemm.size());
   EXPECT_EQ(q.samples.all_reduce.back().bytes, 16 << 20);
   fs::remove_all(path.parent_path());
@@ -159,6 +165,9 @@ TEST(MachineProfile, CalibratesThisMachine) {
   EXPECT_GT(p.latency, 0);
   EXPECT_GT(p.memory_bandwidth, 1e8);
   EXPECT_GT(p.memory_bytes, 0);
+  EXPECT_GT(p.op_seconds, 0);                // a block's ops cost host time
+  EXPECT_GT(p.optimizer_tensor_seconds, 0);  // and so does each tensor's update
+  EXPECT_GE(p.fsdp_collective_seconds, 0);   // what FSDP adds may be lost in the noise
   EXPECT_FALSE(p.machine.empty());
   const ModelSpec model = ModelSpec::gpt(2, 64, 4, 32, 32);
   ParallelPlan plan;

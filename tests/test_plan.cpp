@@ -140,7 +140,8 @@ TEST(Plan, OptimizerHostTimePerParameterTensor) {
 // On a host, data parallelism's flat buffers are copied by the computing cores: DDP's
 // gradients in and out of its buckets once per step, FSDP's gradients packed per
 // reduce-scatter and its gathered parameters unpacked per gather, at the memory rate
-// (GPUs copy beside the collectives: CommunicationWithoutOverlapIsExposed).
+// (GPUs copy beside the collectives: CommunicationWithoutOverlapIsExposed), and each
+// of FSDP's collectives its host cost.
 TEST(Plan, HostCopiesOfDataParallelFlatBuffers) {
   const ModelSpec m = ModelSpec::gpt(4, 256, 8, 64, 32);
   ClusterSpec c = ClusterSpec::preset("cpu", 2);
@@ -157,6 +158,13 @@ TEST(Plan, HostCopiesOfDataParallelFlatBuffers) {
     // (the stage holds the parameters but the position table: within 0.1%)
     const double charged = estimate_plan(m, c, 16, p).dp_seconds - estimate_plan(m, no_copies, 16, p).dp_seconds;
     EXPECT_NEAR(charged / (copies * bytes / c.memory_bandwidth), 1, 1e-3) << "zero " << zero;
+    // FSDP's host cost per collective, for each unit (4 blocks and the layers outside):
+    // the copies above are its gathers and reduce-scatters.
+    ClusterSpec per_call = c;
+    per_call.fsdp_collective_seconds = 1e-4;
+    EXPECT_NEAR(estimate_plan(m, per_call, 16, p).dp_seconds - estimate_plan(m, c, 16, p).dp_seconds,
+                zero == 0 ? 0 : 1e-4 * 5 * copies, 1e-12)
+        << "zero " << zero;
   }
 }
 

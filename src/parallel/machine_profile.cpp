@@ -22,6 +22,7 @@
 #include "dtensor/nn/layers.h"
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
+#include "dtensor/parallel/fsdp.h"
 #include "dtensor/step_plan.h"
 #include "dtensor/tensor.h"
 #include "dtensor/tensor_ops.h"
@@ -170,6 +171,26 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
     block_step();
     const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
     s.op_seconds = mean_over(world, {median_seconds_per_call(world, o.trials, calls, block_step) / ops})[0];
+    // The same block under FSDP (ZeRO-3, one unit): each step gathers its parameters for
+    // forward and again for backward and reduce-scatters its gradients; what that adds
+    // to the step (hooks, the collectives' launch and wait, packing a unit), per
+    // collective.
+    {
+      nn::TransformerBlock sharded(mesh, config, /*seed=*/7);
+      FSDPModule unit = fully_shard(sharded, mesh);
+      auto sharded_step = [&] {
+        sharded.zero_grad();
+        sum(sharded.forward(x)).backward();
+        unit.finish_gradient_sync();
+      };
+      sharded_step();
+      const Clock::time_point probe_sharded = Clock::now();
+      sharded_step();
+      const int64_t sharded_calls = calls_for(world, seconds_since(probe_sharded), o.seconds_per_sample);
+      const double plain = median_seconds_per_call(world, o.trials, calls, block_step);
+      const double fsdp = median_seconds_per_call(world, o.trials, sharded_calls, sharded_step);
+      s.fsdp_collective_seconds = mean_over(world, {std::max(0.0, fsdp - plain) / 3})[0];
+    }
     // The block's optimizer step as train_gpt takes it (clipping by the global norm,
     // AdamW), per parameter tensor: each tensor's norm, update and state are ops and
     // kernels of their own, a host cost that a tensor's size does not change here.
@@ -225,6 +246,9 @@ MachineProfile fit_profile(const CalibrationSamples& s) {
   DT_CHECK_ARG(s.optimizer_tensor_seconds >= 0, kOp, "expected a non-negative optimizer time per tensor, got ",
                s.optimizer_tensor_seconds);
   p.optimizer_tensor_seconds = s.optimizer_tensor_seconds;
+  DT_CHECK_ARG(s.fsdp_collective_seconds >= 0, kOp, "expected a non-negative FSDP time per collective, got ",
+               s.fsdp_collective_seconds);
+  p.fsdp_collective_seconds = s.fsdp_collective_seconds;
   // rate = R / (1 + d0 (1/m + 1/n + 1/k))  <=>  1/rate = 1/R + (d0/R) (1/m + 1/n + 1/k).
   std::vector<double> x, y;
   for (const CalibrationSamples::Gemm& g : s.gemm) {
@@ -308,6 +332,7 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   c.memory_bandwidth = memory_bandwidth * share;
   c.op_seconds = op_seconds / std::min(1.0, share);
   c.optimizer_tensor_seconds = optimizer_tensor_seconds / std::min(1.0, share);
+  c.fsdp_collective_seconds = fsdp_collective_seconds / std::min(1.0, share);
   c.overlap_communication = false;  // the ranks' cores copy the bytes
   c.bytes_per_value = 4;
   c.validate();
@@ -320,8 +345,8 @@ std::string MachineProfile::to_string() const {
   os << "GEMM " << gemm_flops / 1e9 << " GFLOP/s per rank (half of it at size " << gemm_half_dim << "), copy "
      << memory_bandwidth / 1e9 << " GB/s per rank, collectives " << latency * 1e6 << " us per hop and "
      << bandwidth / 1e9 << " GB/s per rank, " << op_seconds * 1e6 << " us per dispatched op, "
-     << optimizer_tensor_seconds * 1e6 << " us per parameter tensor in the optimizer step (" << backend << ", " << ranks
-     << " ranks busy)";
+     << optimizer_tensor_seconds * 1e6 << " us per parameter tensor in the optimizer step, "
+     << fsdp_collective_seconds * 1e6 << " us per FSDP collective (" << backend << ", " << ranks << " ranks busy)";
   return os.str();
 }
 
@@ -340,6 +365,7 @@ void MachineProfile::save(const std::string& path) const {
   j["bandwidth"] = bandwidth;
   j["op_seconds"] = op_seconds;
   j["optimizer_tensor_seconds"] = optimizer_tensor_seconds;
+  j["fsdp_collective_seconds"] = fsdp_collective_seconds;
   nlohmann::json gemm = nlohmann::json::array(), collectives = nlohmann::json::array();
   for (const CalibrationSamples::Gemm& g : samples.gemm)
     gemm.push_back({{"m", g.m}, {"n", g.n}, {"k", g.k}, {"flops_per_s", g.flops_per_s}});
@@ -349,7 +375,8 @@ void MachineProfile::save(const std::string& path) const {
                   {"all_reduce", collectives},
                   {"copy_bytes_per_s", samples.copy_bytes_per_s},
                   {"op_seconds", samples.op_seconds},
-                  {"optimizer_tensor_seconds", samples.optimizer_tensor_seconds}};
+                  {"optimizer_tensor_seconds", samples.optimizer_tensor_seconds},
+                  {"fsdp_collective_seconds", samples.fsdp_collective_seconds}};
   const std::string tmp = path + ".part";
   {
     std::ofstream out(tmp, std::ios::trunc);
@@ -393,8 +420,11 @@ MachineProfile MachineProfile::load(const std::string& path) {
   // Profiles written before it was measured: not costed.
   p.optimizer_tensor_seconds =
       j.contains("optimizer_tensor_seconds") ? field<double>(j, "optimizer_tensor_seconds", path) : 0;
+  p.fsdp_collective_seconds =
+      j.contains("fsdp_collective_seconds") ? field<double>(j, "fsdp_collective_seconds", path) : 0;
   DT_CHECK_ARG(p.ranks >= 1 && p.gemm_flops > 0 && p.gemm_half_dim >= 0 && p.memory_bandwidth > 0 && p.latency >= 0 &&
-                   p.bandwidth > 0 && p.op_seconds >= 0 && p.optimizer_tensor_seconds >= 0,
+                   p.bandwidth > 0 && p.op_seconds >= 0 && p.optimizer_tensor_seconds >= 0 &&
+                   p.fsdp_collective_seconds >= 0,
                kOp, "'", path, "': expected ranks >= 1 and positive rates, got ", p.to_string());
   if (j.contains("samples")) {
     const nlohmann::json& s = j.at("samples");
@@ -411,6 +441,7 @@ MachineProfile MachineProfile::load(const std::string& path) {
     p.samples.copy_bytes_per_s = field<double>(s, "copy_bytes_per_s", path);
     p.samples.op_seconds = field<double>(s, "op_seconds", path);
     p.samples.optimizer_tensor_seconds = p.optimizer_tensor_seconds;
+    p.samples.fsdp_collective_seconds = p.fsdp_collective_seconds;
   }
   return p;
 }

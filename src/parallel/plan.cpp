@@ -173,9 +173,9 @@ void ClusterSpec::validate() const {
                "': expected positive memory, peak FLOP/s, bandwidths and a GEMM efficiency in (0, 1]");
   DT_CHECK_ARG(bytes_per_value == 2 || bytes_per_value == 4, kOp, "expected 2 or 4 bytes per value, got ",
                bytes_per_value);
-  DT_CHECK_ARG(op_seconds >= 0 && optimizer_tensor_seconds >= 0, kOp, "cluster '", name,
-               "': expected non-negative host times per op and per parameter tensor, got ", op_seconds, " and ",
-               optimizer_tensor_seconds);
+  DT_CHECK_ARG(op_seconds >= 0 && optimizer_tensor_seconds >= 0 && fsdp_collective_seconds >= 0, kOp, "cluster '", name,
+               "': expected non-negative host times per op, parameter tensor and FSDP collective, got ", op_seconds,
+               ", ", optimizer_tensor_seconds, " and ", fsdp_collective_seconds);
 }
 
 // ---- plans ---------------------------------------------------------------------------
@@ -477,6 +477,12 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       const double packs = p.zero == 0 ? 2 : p.zero == 1 ? 1 : m;
       const double unpacks = p.zero == 0 ? 0 : p.zero == 3 ? 2 * m : 1;
       e.dp_seconds += (packs * grad_total + unpacks * param_total) / cluster.memory_bandwidth;
+      // FSDP's units (each block, and the layers outside them): each of their gathers
+      // and reduce-scatters (the unpacks and packs above) a collective with its host cost.
+      if (p.zero > 0) {
+        const double units = layers_per_stage + 1;
+        e.dp_seconds += cluster.fsdp_collective_seconds * units * (packs + unpacks);
+      }
     }
   }
   // The optimizer reads and writes its state, the gradients and the parameters once;

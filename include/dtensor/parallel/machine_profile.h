@@ -46,6 +46,10 @@ struct CalibrationSamples {
   // Per parameter tensor of that block's optimizer step (clipping by the global norm,
   // AdamW): the host's cost of a tensor's norm, update and state.
   double optimizer_tensor_seconds = 0;
+  // Per collective of that block under FSDP (ZeRO-3, one unit: two all-gathers and a
+  // reduce-scatter a step), what FSDP adds to its step: hooks, the collectives' launch
+  // and wait, packing and unpacking a unit.
+  double fsdp_collective_seconds = 0;
 };
 
 struct MachineProfile {
@@ -61,6 +65,7 @@ struct MachineProfile {
   double bandwidth = 0;         // beta: bytes per second per rank, one direction
   double op_seconds = 0;        // host time per dispatched op (ClusterSpec::op_seconds)
   double optimizer_tensor_seconds = 0;  // per parameter tensor (ClusterSpec::optimizer_tensor_seconds)
+  double fsdp_collective_seconds = 0;   // per FSDP collective (ClusterSpec::fsdp_collective_seconds)
   CalibrationSamples samples;   // what it was fitted to
 
   // The cluster of `devices` ranks on this host: the rates per rank as measured with

@@ -25,13 +25,16 @@
 //   eff_max / (1 + d0 (1/m + 1/n + 1/k)), d0 = d_half / 3, each of a layer's products
 //   at its own shape: q, k, v, the output projection, the MLP's, attention's per head);
 //   the memory-bound ops (norms, activations, dropout, residuals, and softmax over the
-//   scores without fused attention) as the bytes stored per layer (MemorySpec), moved 5 times (written and read in
-//   forward, read, written and read in backward; 7 with recomputation) at the memory bandwidth; tensor-parallel
-//   all-reduces (or reduce-scatter + all-gather) on the critical path; the pipeline bubble (p-1)/(v m) of the compute;
-//   point-to-point sends; the data-parallel gradient reduction overlapped with the last micro-batch's backward; all
-//   under the alpha-beta model of cost_model.h with intra-node (NVLink) or inter-node links; the optimizer reading and
-//   writing its bytes. On a host (a measured profile) the ops' dispatch and the optimizer's per-tensor work are charged
-//   too.
+//   scores without fused attention) as the bytes stored per layer (MemorySpec), moved
+//   5 times (written and read in forward, read, written and read in backward; 7 with
+//   recomputation) at the memory bandwidth; tensor-parallel all-reduces (or
+//   reduce-scatter + all-gather) on the critical path; the pipeline bubble (p-1)/(v m)
+//   of the compute; point-to-point sends; the data-parallel gradient reduction
+//   overlapped with the last micro-batch's backward; all under the alpha-beta model of
+//   cost_model.h with intra-node (NVLink) or inter-node links; the optimizer reading
+//   and writing its bytes. On a host (a measured profile) the ops' dispatch, the
+//   optimizer's per-tensor work, data parallelism's flat-buffer copies and FSDP's host
+//   cost per collective are charged too.
 // A GPU preset's GEMM efficiency is fitted to one published run; the GEMM half dim, the
 // memory-bound ops' 5 (7) moves and backward's 2/3 share were set while Megatron-LM's
 // A100 table was in view. `dtensor-plan --validate` compares the model with published
@@ -146,6 +149,11 @@ struct ClusterSpec {
   // its state: each tensor's own ops and kernels), on the critical path on the host. 0
   // for the GPU presets (fused multi-tensor kernels).
   double optimizer_tensor_seconds = 0;
+  // Host time of one of FSDP's collectives beyond its bytes (a unit's hooks, the
+  // collective's launch and wait, packing a small unit), on the critical path on the
+  // host: ZeRO-1 and 2 gather each unit once a step, ZeRO-3 for every micro-batch's
+  // forward and backward, and each reduce-scatter costs one more. 0 for the GPU presets.
+  double fsdp_collective_seconds = 0;
   // The data-parallel collectives run beside compute (GPUs: copy engines and spare
   // SMs). False where the same cores do both (the CPU: the threads backend's copies and
   // MPI's shared memory run on the ranks' cores): every byte's time is exposed.
