@@ -107,6 +107,17 @@ int64_t calls_for(const Group& group, double seconds_each, double budget) {
   return std::clamp<int64_t>(static_cast<int64_t>(budget / std::max(mean, 1e-9)), 2, 100000);
 }
 
+// The median seconds per call of fn: a first call (a GEMM shape chooses its engine,
+// buffers are allocated), then one timed to size the trials at seconds_per_sample.
+template <class Fn>
+double time_per_call(const Group& world, const CalibrationOptions& o, Fn&& fn) {
+  fn();
+  const Clock::time_point probe = Clock::now();
+  fn();
+  const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
+  return median_seconds_per_call(world, o.trials, calls, fn);
+}
+
 CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
   CalibrationSamples s;
   s.machine = cpu::summary();  // inside the rank: its threads
@@ -115,21 +126,13 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
   for (const auto& [m, n, k] : o.gemm_shapes) {
     DT_CHECK_ARG(m >= 1 && n >= 1 && k >= 1, kOp, "expected GEMM sizes >= 1, got ", m, " x ", n, " x ", k);
     const Tensor a = Tensor::randn({m, k}, 1), b = Tensor::randn({k, n}, 2);
-    (void)matmul(a, b);  // the first call of a shape chooses its engine by measuring
-    const Clock::time_point probe = Clock::now();
-    (void)matmul(a, b);
-    const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-    const double seconds = median_seconds_per_call(world, o.trials, calls, [&] { (void)matmul(a, b); });
+    const double seconds = time_per_call(world, o, [&] { (void)matmul(a, b); });
     s.gemm.push_back({m, n, k, mean_over(world, {2.0 * m * n * k / seconds})[0]});
   }
   for (int64_t bytes : o.all_reduce_bytes) {
     DT_CHECK_ARG(bytes >= 4, kOp, "expected all-reduce sizes of at least 4 bytes, got ", bytes);
     const Tensor t = Tensor::zeros({bytes / 4});
-    all_reduce_(world, t);
-    const Clock::time_point probe = Clock::now();
-    all_reduce_(world, t);
-    const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-    const double seconds = median_seconds_per_call(world, o.trials, calls, [&] { all_reduce_(world, t); });
+    const double seconds = time_per_call(world, o, [&] { all_reduce_(world, t); });
     // A collective ends when its slowest rank does: the group's longest.
     Tensor slowest = Tensor::from_vector(std::vector<double>{seconds}, {1});
     all_reduce_(world, slowest, ReduceOp::Max);
@@ -156,7 +159,7 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       block.zero_grad();
       sum(block.forward(x)).backward();
     };
-    block_step();
+    block_step();  // the first step allocates its gradients
     double ops = 0;
     {
       StepPlanner counter;
@@ -167,10 +170,8 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       ops = static_cast<double>(counter.last_report().ops);
     }
     DT_CHECK_ARG(ops > 0, kOp, "expected the calibration block to dispatch ops, recording counted none");
-    const Clock::time_point probe = Clock::now();
-    block_step();
-    const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-    s.op_seconds = mean_over(world, {median_seconds_per_call(world, o.trials, calls, block_step) / ops})[0];
+    const double block_seconds = time_per_call(world, o, block_step);
+    s.op_seconds = mean_over(world, {block_seconds / ops})[0];
     // The same block under FSDP (ZeRO-3, one unit): each step gathers its parameters for
     // forward and again for backward and reduce-scatters its gradients; what that adds
     // to the step (hooks, the collectives' launch and wait, packing a unit), per
@@ -183,13 +184,8 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
         sum(sharded.forward(x)).backward();
         unit.finish_gradient_sync();
       };
-      sharded_step();
-      const Clock::time_point probe_sharded = Clock::now();
-      sharded_step();
-      const int64_t sharded_calls = calls_for(world, seconds_since(probe_sharded), o.seconds_per_sample);
-      const double plain = median_seconds_per_call(world, o.trials, calls, block_step);
-      const double fsdp = median_seconds_per_call(world, o.trials, sharded_calls, sharded_step);
-      s.fsdp_collective_seconds = mean_over(world, {std::max(0.0, fsdp - plain) / 3})[0];
+      const double fsdp = time_per_call(world, o, sharded_step);
+      s.fsdp_collective_seconds = mean_over(world, {std::max(0.0, fsdp - block_seconds) / 3})[0];
     }
     // The block's optimizer step as train_gpt takes it (clipping by the global norm,
     // AdamW), per parameter tensor: each tensor's norm, update and state are ops and
@@ -200,12 +196,8 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       (void)clip_grad_norm(params, 1.0);
       optimizer.step();
     };
-    optimizer_step();
-    const Clock::time_point probe_step = Clock::now();
-    optimizer_step();
-    const int64_t steps = calls_for(world, seconds_since(probe_step), o.seconds_per_sample);
-    s.optimizer_tensor_seconds = mean_over(world, {median_seconds_per_call(world, o.trials, steps, optimizer_step) /
-                                                   static_cast<double>(params.size())})[0];
+    s.optimizer_tensor_seconds =
+        mean_over(world, {time_per_call(world, o, optimizer_step) / static_cast<double>(params.size())})[0];
   }
   {
     const size_t n = static_cast<size_t>(std::max<int64_t>(o.copy_bytes, 4096));
@@ -330,9 +322,10 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   c.intra_bandwidth = c.inter_bandwidth = bandwidth * share;
   c.intra_latency = c.inter_latency = latency;
   c.memory_bandwidth = memory_bandwidth * share;
-  c.op_seconds = op_seconds / std::min(1.0, share);
-  c.optimizer_tensor_seconds = optimizer_tensor_seconds / std::min(1.0, share);
-  c.fsdp_collective_seconds = fsdp_collective_seconds / std::min(1.0, share);
+  const double host_share = std::min(1.0, share);  // one thread dispatches however many a rank has
+  c.op_seconds = op_seconds / host_share;
+  c.optimizer_tensor_seconds = optimizer_tensor_seconds / host_share;
+  c.fsdp_collective_seconds = fsdp_collective_seconds / host_share;
   c.overlap_communication = false;  // the ranks' cores copy the bytes
   c.bytes_per_value = 4;
   c.validate();
@@ -432,9 +425,8 @@ MachineProfile MachineProfile::load(const std::string& path) {
     p.samples.backend = p.backend;
     for (const nlohmann::json& g : field<nlohmann::json>(s, "gemm", path)) {
       // Square samples of earlier profiles: {"dim": d}.
-      const int64_t d = g.contains("dim") ? field<int64_t>(g, "dim", path) : 0;
-      p.samples.gemm.push_back({d > 0 ? d : field<int64_t>(g, "m", path), d > 0 ? d : field<int64_t>(g, "n", path),
-                                d > 0 ? d : field<int64_t>(g, "k", path), field<double>(g, "flops_per_s", path)});
+      auto size = [&](const char* name) { return field<int64_t>(g, g.contains("dim") ? "dim" : name, path); };
+      p.samples.gemm.push_back({size("m"), size("n"), size("k"), field<double>(g, "flops_per_s", path)});
     }
     for (const nlohmann::json& c : field<nlohmann::json>(s, "all_reduce", path))
       p.samples.all_reduce.push_back({field<int64_t>(c, "bytes", path), field<double>(c, "seconds", path)});

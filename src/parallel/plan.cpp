@@ -108,12 +108,6 @@ double ModelSpec::flops_per_sequence(bool full_recompute) const {
   return static_cast<double>(seq) * (static_cast<double>(layers) * passes * layer_forward + 3 * logits_forward);
 }
 
-double ModelSpec::attention_flops_per_sequence(bool full_recompute) const {
-  const double passes = full_recompute ? 4 : 3;
-  return static_cast<double>(seq) * static_cast<double>(layers) * passes * 4.0 * static_cast<double>(seq) *
-         static_cast<double>(hidden);
-}
-
 // ---- ClusterSpec ---------------------------------------------------------------------
 
 ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {

@@ -56,17 +56,17 @@ struct MachineProfile {
   std::string machine;      // the CPU and GEMM engines (cpu::summary())
   std::string measured_at;  // UTC, ISO 8601
   std::string backend = "threads";
-  int64_t ranks = 0;            // busy at once while measuring
-  double memory_bytes = 0;      // the host's, shared by its ranks
-  double gemm_flops = 0;        // R: a large GEMM's rate per rank, FLOP/s (FP32)
-  double gemm_half_dim = 0;     // d_half: the square GEMM size that runs at R / 2 (3 d0)
-  double memory_bandwidth = 0;  // per rank, bytes copied per second
-  double latency = 0;           // alpha: seconds per hop of a collective
-  double bandwidth = 0;         // beta: bytes per second per rank, one direction
-  double op_seconds = 0;        // host time per dispatched op (ClusterSpec::op_seconds)
+  int64_t ranks = 0;                    // busy at once while measuring
+  double memory_bytes = 0;              // the host's, shared by its ranks
+  double gemm_flops = 0;                // R: a large GEMM's rate per rank, FLOP/s (FP32)
+  double gemm_half_dim = 0;             // d_half: the square GEMM size that runs at R / 2 (3 d0)
+  double memory_bandwidth = 0;          // per rank, bytes copied per second
+  double latency = 0;                   // alpha: seconds per hop of a collective
+  double bandwidth = 0;                 // beta: bytes per second per rank, one direction
+  double op_seconds = 0;                // host time per dispatched op (ClusterSpec::op_seconds)
   double optimizer_tensor_seconds = 0;  // per parameter tensor (ClusterSpec::optimizer_tensor_seconds)
   double fsdp_collective_seconds = 0;   // per FSDP collective (ClusterSpec::fsdp_collective_seconds)
-  CalibrationSamples samples;   // what it was fitted to
+  CalibrationSamples samples;           // what it was fitted to
 
   // The cluster of `devices` ranks on this host: the rates per rank as measured with
   // `ranks` busy, shared further by more ranks than that (x ranks / devices).

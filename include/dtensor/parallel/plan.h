@@ -123,9 +123,6 @@ struct ModelSpec {
   // Training FLOPs (forward + backward) of one sequence; with full recomputation the
   // layers' forward runs twice.
   double flops_per_sequence(bool full_recompute) const;
-  // The part of it in attention's score and weighted-sum products (4 s h per token
-  // and layer in forward), which run at the head dim's GEMM rate.
-  double attention_flops_per_sequence(bool full_recompute) const;
   void validate() const;  // throws std::invalid_argument naming what is wrong
 };
 
