@@ -2,6 +2,7 @@
 // literature they come from, the search's invariants, and the published runs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtensor/cost_model.h"
@@ -187,6 +188,55 @@ TEST(Plan, CommunicationWithoutOverlapIsExposed) {
   EXPECT_EQ(estimate_plan(m, c, 16, ddp).dp_seconds, 0);
 }
 
+// With overlap (Megatron-Core's --overlap-grad-reduce and --overlap-param-gather), a
+// device's model chunks reduce their gradients one after another, each as soon as its
+// last backward is done: under the interleaved schedule all but the last chunk's share
+// hide behind the last round's backward; one chunk hides behind the last micro-batch's
+// backward alone. ZeRO-1 reduce-scatters the FP32 gradients behind backward and
+// all-gathers the 16-bit parameters behind the next forward.
+TEST(Plan, DataParallelCollectivesHideChunkByChunk) {
+  const ModelSpec m = ModelSpec::gpt(32, 1024, 16, 1024, 32000);
+  ClusterSpec c = ClusterSpec::preset("h100", 16);  // dp x pp spans two nodes
+  ASSERT_TRUE(c.overlap_communication);
+  const int64_t micro_batches = 8, batch = 2 * micro_batches;
+  // A stage: 4 blocks and the (tied) embedding table.
+  const double stage_params = 4 * static_cast<double>(m.layer_parameters()) + static_cast<double>(m.vocab * m.hidden);
+  CostModel network;
+  network.latency_s = c.inter_latency;
+  // The reduction far longer than the last round's backward, longer than one micro-batch's
+  // only (the last chunk's share exposed), and shorter.
+  for (double bandwidth : {2e9, 5e10, 2e11}) {
+    c.inter_bandwidth = network.bandwidth_bytes_per_s = bandwidth;
+    ParallelPlan p = plan_of(2, 1, 8, 0, batch);
+    const PlanEstimate one = estimate_plan(m, c, batch, p);
+    const double all_reduce = network.all_reduce(static_cast<int64_t>(stage_params * 2), 2);
+    auto backward_of = [&](const PlanEstimate& e) { return 2 * e.compute_seconds / (3 * micro_batches); };
+    EXPECT_NEAR(one.dp_seconds, std::max(0.0, all_reduce - backward_of(one)), 1e-9) << bandwidth;
+    for (int64_t v : {2, 4}) {
+      p.schedule = PlanSchedule::Interleaved;
+      p.virtual_stages = v;
+      const PlanEstimate e = estimate_plan(m, c, batch, p);
+      const double w = backward_of(e), chunks = static_cast<double>(v), rounds = 8;  // min(m, pp)
+      EXPECT_NEAR(e.dp_seconds,
+                  std::max({0.0, (all_reduce - w) / chunks, all_reduce - w * (rounds * (chunks - 1) + 1) / chunks}),
+                  1e-9)
+          << bandwidth << " v " << v;
+      EXPECT_LE(e.dp_seconds, one.dp_seconds);
+    }
+  }
+  // ZeRO-1 with FP32 gradients: a reduce-scatter of 4-byte values behind one backward,
+  // an all-gather of 2-byte ones behind one forward.
+  c.inter_bandwidth = network.bandwidth_bytes_per_s = 2e9;
+  ParallelPlan zero1 = plan_of(2, 1, 8, 1, batch);
+  zero1.fp32_gradients = true;
+  const PlanEstimate e = estimate_plan(m, c, batch, zero1);
+  const double forward = e.compute_seconds / (3 * micro_batches);
+  EXPECT_NEAR(e.dp_seconds,
+              network.reduce_scatter(static_cast<int64_t>(stage_params * 4), 2) - 2 * forward +
+                  network.all_gather(static_cast<int64_t>(stage_params * 2), 2) - forward,
+              1e-9);
+}
+
 // Each GEMM runs at the rate of its shape, R / (1 + d0 (1/m + 1/n + 1/k)): with no
 // per-dim cost every FLOP runs at R; with one, a layer split over tensor-parallel ranks
 // (thinner products) takes more than 1/t of the time, and a square GEMM of
@@ -286,11 +336,10 @@ TEST(Plan, InvalidPlansAndInputsAreRejectedWithReasons) {
 }
 
 // The model against published runs (dtensor-plan --validate): one fitted constant per
-// device kind (on the first row of each). Megatron-LM's A100 table, whose
-// configurations are published whole, is reproduced within 15% on every row; the Hopper
-// runs are not yet (RESULTS.md: the 4608-GPU and Llama 3 runs are 34-37% slow in the
-// model), which this test records rather than hides.
-TEST(Plan, PublishedRunsAreReproducedWhereTheModelCan) {
+// device kind (on the first row of each), every run within 15%. Llama 3's runs, which
+// kept every activation, do not fit in the memory model: it misses what they did
+// (RESULTS.md).
+TEST(Plan, PublishedRunsAreReproduced) {
   const std::vector<PublishedRun> runs = published_runs();
   ASSERT_GE(runs.size(), 10u);
   int a100 = 0;
@@ -298,14 +347,12 @@ TEST(Plan, PublishedRunsAreReproducedWhereTheModelCan) {
     const PlanEstimate e = estimate_published(run);
     const double predicted = (run.hardware ? e.hardware_flops_per_device : e.model_flops_per_device) / 1e12;
     const double ratio = predicted / run.tflops_per_device;
-    if (run.source.find("Megatron-LM") != std::string::npos) {
-      ++a100;
-      EXPECT_NEAR(ratio, 1, 0.15) << run.source << ": " << e.to_string();
-    } else if (run.source.find(", 96 H100") != std::string::npos) {
+    a100 += run.source.find("Megatron-LM") != std::string::npos;
+    if (run.source.find(", 96 H100") != std::string::npos) {
       EXPECT_NEAR(ratio, 1, 0.01) << "the fitted point: " << e.to_string();
-    } else {
-      EXPECT_LT(ratio, 0.85) << run.source << " now within 15%: update RESULTS.md and this test";
     }
+    EXPECT_NEAR(ratio, 1, 0.15) << run.source << ": " << e.to_string();
+    EXPECT_EQ(e.fits, run.source.find("Llama 3") == std::string::npos) << run.source << ": " << e.to_string();
   }
   EXPECT_EQ(a100, 6);
 }

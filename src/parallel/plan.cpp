@@ -55,6 +55,14 @@ ModelSpec ModelSpec::llama(int64_t layers, int64_t hidden, int64_t heads, int64_
   m.ffn_hidden = ffn_hidden;
   m.gated_mlp = true;
   m.tied_embeddings = false;
+  // Megatron-Core's Llama block keeps no dropout masks (its 4 hidden-wide values are the
+  // norms' inputs and outputs), q, the grouped-query k and v (kv_heads of the heads
+  // wide) and the attention's output, and the SwiGLU's two ffn-wide halves and their
+  // product.
+  const double kv = static_cast<double>(kv_heads > 0 ? kv_heads : heads);
+  m.memory.hidden = 4;
+  m.memory.hidden_split = 2 + 2 * kv / static_cast<double>(heads);
+  m.memory.ffn_split = 3;
   return m;
 }
 
@@ -446,10 +454,27 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     auto exposed = [&](double comm, double compute) {
       return cluster.overlap_communication ? std::max(0.0, comm - compute) : comm;
     };
-    if (p.zero <= 1) {
-      // One all-reduce (ZeRO-1: a reduce-scatter and an all-gather, the same bytes) per
-      // step, behind the last micro-batch's backward.
-      e.dp_seconds = exposed(dp_link.all_reduce(static_cast<int64_t>(grad_total), n), backward);
+    // Once a step, a model chunk's gradients are reduced as soon as its last backward
+    // is done, and its updated parameters gathered as the next step's first forward
+    // reaches it (Megatron-Core's --overlap-grad-reduce and --overlap-param-gather,
+    // bucket by bucket). With v chunks on a device (the interleaved schedule), the last
+    // round of g = min(m, pp) micro-batches runs chunk after chunk, and each chunk's
+    // share C/v of the collective queues behind the earlier ones: it ends
+    // max((C - w)/v, C - w (g (v - 1) + 1)/v) after the compute, w one micro-batch's
+    // backward (forward, for the gather). One chunk (v = 1): C - w.
+    const double vs = static_cast<double>(v), rounds = v > 1 ? std::min(m, pp) : 1;
+    auto exposed_by_chunk = [&](double comm, double compute) {
+      if (!cluster.overlap_communication) return comm;
+      return std::max({0.0, (comm - compute) / vs, comm - compute * (rounds * (vs - 1) + 1) / vs});
+    };
+    if (p.zero == 0) {
+      // One all-reduce per step.
+      e.dp_seconds = exposed_by_chunk(dp_link.all_reduce(static_cast<int64_t>(grad_total), n), backward);
+    } else if (p.zero == 1) {
+      // The gradients reduce-scattered (behind backward) and the updated parameters
+      // all-gathered (behind the next forward), each once per step.
+      e.dp_seconds = exposed_by_chunk(dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward) +
+                     exposed_by_chunk(dp_link.all_gather(static_cast<int64_t>(param_total), n), forward);
     } else if (p.zero == 2) {
       // Gradients reduce-scattered every micro-batch (behind its backward), the updated
       // parameters all-gathered once (behind the next step's first forward).
@@ -602,7 +627,11 @@ std::vector<PublishedRun> published_runs() {
     runs.push_back(run);
   }
   // Llama 3 405B (Llama 3 paper, Table 4): H100, BF16, seq 8192, 16M-token batches
-  // (2048 sequences), TP 8, PP 16, interleaved schedule; MFU of model FLOPs.
+  // (2048 sequences), TP 8, PP 16, interleaved schedule, no activation checkpointing
+  // (section 3.3.2); MFU of model FLOPs. FSDP that keeps the gathered parameters from
+  // forward to backward, with the gradients reduced once a step, is ZeRO-1 here;
+  // tensor parallelism splits the sequence between its all-gathers (sequence
+  // parallelism).
   for (const auto& [gpus, dp, tflops] :
        {std::tuple<int64_t, int64_t, double>{8192, 64, 430}, std::tuple<int64_t, int64_t, double>{16384, 128, 400}}) {
     PublishedRun run;
@@ -615,7 +644,7 @@ std::vector<PublishedRun> published_runs() {
     run.plan = ParallelPlan{dp, 8, 16, 1, 1, 2048 / dp, PlanSchedule::Interleaved, 2, Recompute::None, true};
     run.tflops_per_device = tflops;
     run.hardware = false;
-    run.tuned_schedule = run.tuned_recipe = true;
+    run.tuned_schedule = true;
     runs.push_back(run);
   }
   return runs;

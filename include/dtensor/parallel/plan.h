@@ -29,8 +29,9 @@
 //   5 times (written and read in forward, read, written and read in backward; 7 with
 //   recomputation) at the memory bandwidth; tensor-parallel all-reduces (or
 //   reduce-scatter + all-gather) on the critical path; the pipeline bubble (p-1)/(v m)
-//   of the compute; point-to-point sends; the data-parallel gradient reduction
-//   overlapped with the last micro-batch's backward; all under the alpha-beta model of
+//   of the compute; point-to-point sends; the data-parallel gradient reduction (and
+//   ZeRO-1's parameter gather) overlapped chunk by chunk with the last round's backward
+//   (forward), as Megatron-Core does; all under the alpha-beta model of
 //   cost_model.h with intra-node (NVLink) or inter-node links; the optimizer reading
 //   and writing its bytes. On a host (a measured profile) the ops' dispatch, the
 //   optimizer's per-tensor work, data parallelism's flat-buffer copies and FSDP's host
@@ -38,7 +39,7 @@
 // A GPU preset's GEMM efficiency is fitted to one published run; the GEMM half dim, the
 // memory-bound ops' 5 (7) moves and backward's 2/3 share were set while Megatron-LM's
 // A100 table was in view. `dtensor-plan --validate` compares the model with published
-// runs (bench/RESULTS.md: the A100 table within 8.7%, the Hopper runs not yet).
+// runs (bench/RESULTS.md: all within 12.4%).
 #pragma once
 
 #include <cstdint>
