@@ -10,11 +10,15 @@ the median of its rounds' medians (this machine's speed drifts by 10-50% over
 minutes), its spread the lowest and highest of them. MPI rows are estimated on
 --mpi-profile (`mpirun -np 2 dtensor-plan --calibrate F --backend mpi`). With
 --calibrate, each round first calibrates (threads, and MPI with --mpi) and estimates
-its rows on its own profiles; a row's error is then the median of its rounds' errors.
+its rows on its own profiles; with --calibrate-each, every row is calibrated right
+before it runs (its backend's profile with as many ranks busy as the row has, a few
+seconds), so that the machine's drift between a calibration and the run it predicts
+stays small, and ranks that outnumber the cores are measured sharing them. A row's error is then the
+median of its rounds' errors.
 Prints a markdown table; exits 1 when a memory estimate is off by more than
 --memory-tolerance.
 
-  python3 bench/plan_memory.py --calibrate --mpi --rounds 3 -- --layers 4 --dim 128 --seq-len 64 --heads 8
+  python3 bench/plan_memory.py --calibrate-each --mpi --rounds 3 -- --layers 4 --dim 128 --seq-len 64 --heads 8
 """
 import argparse
 import re
@@ -53,13 +57,20 @@ def run(cmd):
     return out.stdout
 
 
-def calibrate(args, mpi):
-    path = f"/tmp/plan_memory_{'mpi' if mpi else 'threads'}.json"
+def ranks_of(flags):
+    ranks = 1
+    for size in re.findall(r"=(\d+)", flags.split()[1]):
+        ranks *= int(size)
+    return ranks
+
+
+def calibrate(args, mpi, ranks=2):
+    path = f"/tmp/plan_memory_{'mpi' if mpi else 'threads'}_{ranks}.json"
     cmd = [args.dtensor_plan, "--calibrate", path]
     if mpi:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", *cmd, "--backend", "mpi"]
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), *cmd, "--backend", "mpi"]
     else:
-        cmd += ["--ranks", "2"]
+        cmd += ["--ranks", str(ranks)]
     out = run(cmd)
     fitted = [line for line in out.splitlines() if line.startswith("fitted:")]
     print(f"calibrated ({'mpi' if mpi else 'threads'}): {fitted[-1] if fitted else '?'}", file=sys.stderr, flush=True)
@@ -67,9 +78,7 @@ def calibrate(args, mpi):
 
 
 def measure(args, flags, mpi):
-    ranks = 1
-    for size in re.findall(r"=(\d+)", flags.split()[1]):
-        ranks *= int(size)
+    ranks = ranks_of(flags)
     cmd = [args.train_gpt, *flags.split(), *args.model, "--steps", str(args.steps), "--log", "plain",
            "--out", "/tmp/plan_memory_loss.csv"]
     profile = args.mpi_profile if mpi and args.mpi_profile else args.profile
@@ -94,6 +103,7 @@ def main():
     ap.add_argument("--profile", default="", help="a dtensor-plan --calibrate file: step times are estimated too")
     ap.add_argument("--mpi-profile", default="", help="the MPI rows' profile (default: --profile)")
     ap.add_argument("--calibrate", action="store_true", help="calibrate at the start of every round instead")
+    ap.add_argument("--calibrate-each", action="store_true", help="calibrate right before every row instead")
     ap.add_argument("--dtensor-plan", default="build/examples/dtensor-plan")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3, help="runs of every layout, alternating")
@@ -111,6 +121,11 @@ def main():
             args.profile = calibrate(args, False)
             args.mpi_profile = calibrate(args, True) if args.mpi else ""
         for name, flags, mpi in rows:
+            if args.calibrate_each:  # as many ranks busy as the row has
+                if mpi:
+                    args.mpi_profile = calibrate(args, True, ranks_of(flags))
+                else:
+                    args.profile = calibrate(args, False, ranks_of(flags))
             results.setdefault(name, []).append(measure(args, flags, mpi))
     print("| layout | flags | peak measured | estimated | error | step measured (spread) | estimated | error |")
     print("|---|---|---|---|---|---|---|---|")

@@ -637,6 +637,7 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
         const double median = seconds[seconds.size() / 2], predicted_step = predicted.estimate->step_seconds;
         std::printf("step: median %.4f s (steps 2-%zu); estimated %.4f s on %s's rates (%+.1f%%)\n", median,
                     log->history().size(), predicted_step, s.profile.c_str(), 100 * (predicted_step / median - 1));
+        std::printf("  estimate: %s\n", predicted.estimate->to_string().c_str());
       }
     } else {
       std::printf("memory: peak %s on rank %lld in the last step (not estimated: %s)\n", format_bytes(*most).c_str(),

@@ -84,6 +84,16 @@ std::vector<double> mean_over(const Group& group, const std::vector<double>& val
   return mean;
 }
 
+// The slowest rank's seconds. A training step waits for its slowest rank at every
+// collective, so the rates it is estimated with are that rank's: on a 2-vCPU machine
+// one rank's GEMMs ran 12% slower than the other's through a whole DDP step (a
+// trace), which the ranks' mean rate hid.
+double slowest_over(const Group& group, double seconds) {
+  Tensor t = Tensor::from_vector(std::vector<double>{seconds}, {1});
+  all_reduce_(group, t, ReduceOp::Max);
+  return t.item<double>();
+}
+
 // The median per-call time of `calls` calls of fn over `trials` trials, every rank
 // starting each trial together. The median, not the best: the estimator predicts a
 // training run's median step, and this machine's speed drifts between trials.
@@ -126,17 +136,15 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
   for (const auto& [m, n, k] : o.gemm_shapes) {
     DT_CHECK_ARG(m >= 1 && n >= 1 && k >= 1, kOp, "expected GEMM sizes >= 1, got ", m, " x ", n, " x ", k);
     const Tensor a = Tensor::randn({m, k}, 1), b = Tensor::randn({k, n}, 2);
-    const double seconds = time_per_call(world, o, [&] { (void)matmul(a, b); });
-    s.gemm.push_back({m, n, k, mean_over(world, {2.0 * m * n * k / seconds})[0]});
+    const double seconds = slowest_over(world, time_per_call(world, o, [&] { (void)matmul(a, b); }));
+    s.gemm.push_back({m, n, k, 2.0 * m * n * k / seconds});
   }
   for (int64_t bytes : o.all_reduce_bytes) {
     DT_CHECK_ARG(bytes >= 4, kOp, "expected all-reduce sizes of at least 4 bytes, got ", bytes);
     const Tensor t = Tensor::zeros({bytes / 4});
-    const double seconds = time_per_call(world, o, [&] { all_reduce_(world, t); });
-    // A collective ends when its slowest rank does: the group's longest.
-    Tensor slowest = Tensor::from_vector(std::vector<double>{seconds}, {1});
-    all_reduce_(world, slowest, ReduceOp::Max);
-    s.all_reduce.push_back({bytes / 4 * 4, slowest.item<double>()});
+    // A collective ends when its slowest rank does.
+    const double seconds = slowest_over(world, time_per_call(world, o, [&] { all_reduce_(world, t); }));
+    s.all_reduce.push_back({bytes / 4 * 4, seconds});
   }
   {
     // A transformer block (nn::TransformerBlock) at a size with almost no arithmetic,
@@ -170,8 +178,8 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       ops = static_cast<double>(counter.last_report().ops);
     }
     DT_CHECK_ARG(ops > 0, kOp, "expected the calibration block to dispatch ops, recording counted none");
-    const double block_seconds = time_per_call(world, o, block_step);
-    s.op_seconds = mean_over(world, {block_seconds / ops})[0];
+    const double block_seconds = slowest_over(world, time_per_call(world, o, block_step));
+    s.op_seconds = block_seconds / ops;
     // The same block under FSDP (ZeRO-3, one unit): each step gathers its parameters for
     // forward and again for backward and reduce-scatters its gradients; what that adds
     // to the step (hooks, the collectives' launch and wait, packing a unit), per
@@ -184,8 +192,8 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
         sum(sharded.forward(x)).backward();
         unit.finish_gradient_sync();
       };
-      const double fsdp = time_per_call(world, o, sharded_step);
-      s.fsdp_collective_seconds = mean_over(world, {std::max(0.0, fsdp - block_seconds) / 3})[0];
+      const double fsdp = slowest_over(world, time_per_call(world, o, sharded_step));
+      s.fsdp_collective_seconds = std::max(0.0, fsdp - block_seconds) / 3;
     }
     // The block's optimizer step as train_gpt takes it (clipping by the global norm,
     // AdamW), per parameter tensor: each tensor's norm, update and state are ops and
@@ -197,14 +205,15 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       optimizer.step();
     };
     s.optimizer_tensor_seconds =
-        mean_over(world, {time_per_call(world, o, optimizer_step) / static_cast<double>(params.size())})[0];
+        slowest_over(world, time_per_call(world, o, optimizer_step)) / static_cast<double>(params.size());
   }
   {
     const size_t n = static_cast<size_t>(std::max<int64_t>(o.copy_bytes, 4096));
     std::vector<char> from(n, 1), to(n, 0);
     std::memcpy(to.data(), from.data(), n);  // pages in
-    const double seconds = median_seconds_per_call(world, o.trials, 1, [&] { std::memcpy(to.data(), from.data(), n); });
-    s.copy_bytes_per_s = mean_over(world, {static_cast<double>(n) / seconds})[0];
+    const double seconds = slowest_over(
+        world, median_seconds_per_call(world, o.trials, 1, [&] { std::memcpy(to.data(), from.data(), n); }));
+    s.copy_bytes_per_s = static_cast<double>(n) / seconds;
   }
   return s;
 }

@@ -24,11 +24,12 @@
 
 namespace dtensor::parallel {
 
-// What calibrate measured: the points the profile is fitted to.
+// What calibrate measured: the points the profile is fitted to, each the slowest
+// rank's (a step waits for it at every collective).
 struct CalibrationSamples {
   struct Gemm {
     int64_t m = 0, n = 0, k = 0;  // an [m, k] x [k, n] product
-    double flops_per_s = 0;       // per rank, the median of a few trials, the ranks' mean
+    double flops_per_s = 0;       // per rank, the median of a few trials, the slowest rank's
   };
   struct Collective {
     int64_t bytes = 0;   // the all-reduced buffer
