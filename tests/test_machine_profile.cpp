@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 
 #include "dtensor/parallel/machine_profile.h"
 
@@ -78,6 +80,7 @@ TEST(MachineProfile, SavesAtomicallyAndLoadsWhatItSaved) {
   p.measured_at = "2026-12-06T00:00:00Z";
   p.memory_bytes = 24e9;
   p.op_seconds = 3e-6;
+  p.tp_op_seconds = 3.5e-6;
   p.optimizer_tensor_seconds = 4e-6;
   p.fsdp_collective_seconds = 5e-5;
   const fs::path path = scratch("machine.json");
@@ -93,10 +96,21 @@ TEST(MachineProfile, SavesAtomicallyAndLoadsWhatItSaved) {
   EXPECT_DOUBLE_EQ(q.bandwidth, p.bandwidth);
   EXPECT_DOUBLE_EQ(q.memory_bandwidth, p.memory_bandwidth);
   EXPECT_DOUBLE_EQ(q.op_seconds, 3e-6);
+  EXPECT_DOUBLE_EQ(q.tp_op_seconds, 3.5e-6);
   EXPECT_DOUBLE_EQ(q.optimizer_tensor_seconds, 4e-6);
   EXPECT_DOUBLE_EQ(q.fsdp_collective_seconds, 5e-5);
   ASSERT_EQ(q.samples.gemm.size(), p.samples.gemm.size());
   EXPECT_EQ(q.samples.all_reduce.back().bytes, 16 << 20);
+  // A profile written before tensor parallelism's op was measured (the field renamed
+  // away): a plain op's time.
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string older = text.str();
+  for (size_t at = older.find("\"tp_op_seconds\""); at != std::string::npos; at = older.find("\"tp_op_seconds\"")) {
+    older.replace(at, 15, "\"xx_op_seconds\"");
+  }
+  std::ofstream(path, std::ios::trunc) << older;
+  EXPECT_DOUBLE_EQ(MachineProfile::load(path.string()).tp_op_seconds, 3e-6);
   fs::remove_all(path.parent_path());
 }
 
@@ -131,7 +145,10 @@ TEST(MachineProfile, ClusterCarriesTheMeasuredRates) {
   MachineProfile p = fit_profile(synthetic(60e9, 48, 3e-6, 5e9, 2));
   p.memory_bytes = 24e9;
   p.op_seconds = 2e-6;
+  p.tp_op_seconds = 3e-6;
   const ClusterSpec one = p.cluster(1), two = p.cluster(2), four = p.cluster(4);
+  EXPECT_DOUBLE_EQ(two.tp_op_seconds, 3e-6);
+  EXPECT_DOUBLE_EQ(four.tp_op_seconds, 6e-6);
   EXPECT_DOUBLE_EQ(two.peak_flops * two.gemm_efficiency, 60e9);
   EXPECT_DOUBLE_EQ(two.gemm_half_dim, p.gemm_half_dim);
   EXPECT_DOUBLE_EQ(two.intra_bandwidth, 5e9);
@@ -166,6 +183,7 @@ TEST(MachineProfile, CalibratesThisMachine) {
   EXPECT_GT(p.memory_bandwidth, 1e8);
   EXPECT_GT(p.memory_bytes, 0);
   EXPECT_GT(p.op_seconds, 0);                // a block's ops cost host time
+  EXPECT_GT(p.tp_op_seconds, 0);             // and under tensor parallelism
   EXPECT_GT(p.optimizer_tensor_seconds, 0);  // and so does each tensor's update
   EXPECT_GE(p.fsdp_collective_seconds, 0);   // what FSDP adds may be lost in the noise
   EXPECT_FALSE(p.machine.empty());

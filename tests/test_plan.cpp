@@ -114,6 +114,14 @@ TEST(Plan, DispatchOverheadScalesWithMicroBatchesAndLayers) {
   // Half the layers on each of two stages.
   const PlanEstimate staged = estimate_plan(m, c, 16, plan_of(1, 1, 2, 0, 16, 4));
   EXPECT_NEAR(staged.overhead_seconds, 4 * 5e-6 * (80 * 2 + 30), 1e-12);
+  // Under tensor parallelism each op costs tp_op_seconds (unset: op_seconds).
+  const ParallelPlan tp = plan_of(1, 2, 1, 0, 16, 2);  // 8 micro-batches of 2
+  EXPECT_NEAR(estimate_plan(m, c, 16, tp).overhead_seconds, 8 * 5e-6 * (80 * 4 + 30), 1e-12);
+  c.tp_op_seconds = 9e-6;
+  EXPECT_NEAR(estimate_plan(m, c, 16, tp).overhead_seconds, 8 * 9e-6 * (80 * 4 + 30), 1e-12);
+  EXPECT_NEAR(estimate_plan(m, c, 16, four).overhead_seconds, costed.overhead_seconds, 1e-15);
+  c.tp_op_seconds = -1;
+  EXPECT_THROW(estimate_plan(m, c, 16, tp), std::invalid_argument);
 }
 
 // The optimizer's host time: optimizer_tensor_seconds for each parameter tensor of the

@@ -23,6 +23,7 @@
 #include "dtensor/ops.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel/fsdp.h"
+#include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/step_plan.h"
 #include "dtensor/tensor.h"
 #include "dtensor/tensor_ops.h"
@@ -195,6 +196,36 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       const double fsdp = slowest_over(world, time_per_call(world, o, sharded_step));
       s.fsdp_collective_seconds = std::max(0.0, fsdp - block_seconds) / 3;
     }
+    // The same block under tensor parallelism over all ranks (Megatron's: q, k, v and
+    // the MLP's first linear column-parallel, the attention's output and the MLP's
+    // second row-parallel, their outputs all-reduced), its input replicated: each op's
+    // sharding, the collectives' host side and the ranks' waits for each other, per op
+    // of the plain block (the model's op counts are the plain model's). Where the heads
+    // or the MLP do not divide over the ranks, or one rank: the plain block's.
+    s.tp_op_seconds = s.op_seconds;
+    const int64_t tp = world.size();
+    if (tp > 1 && config.dim % tp == 0 && config.mlp_hidden % tp == 0) {
+      nn::BlockConfig tp_config = config;
+      tp_config.heads = tp;
+      nn::TransformerBlock parallel_block(mesh, tp_config, /*seed=*/7);
+      parallelize_module(parallel_block, mesh,
+                         {{"attn", PrepareModuleInput{.desired_input_layouts = Replicate()}},
+                          {"attn.q", ColwiseParallel{}},
+                          {"attn.k", ColwiseParallel{}},
+                          {"attn.v", ColwiseParallel{}},
+                          {"attn.out", RowwiseParallel{}},
+                          {"mlp", PrepareModuleInput{.desired_input_layouts = Replicate()}},
+                          {"mlp.up", ColwiseParallel{}},
+                          {"mlp.down", RowwiseParallel{}}});
+      const DistTensor whole = DistTensor::from_local(Tensor::randn({1, seq, o.op_block_dim}, 3), mesh, {Replicate()},
+                                                      Shape{1, seq, o.op_block_dim});
+      auto tp_step = [&] {
+        parallel_block.zero_grad();
+        sum(parallel_block.forward(whole)).backward();
+      };
+      tp_step();
+      s.tp_op_seconds = slowest_over(world, time_per_call(world, o, tp_step)) / ops;
+    }
     // The block's optimizer step as train_gpt takes it (clipping by the global norm,
     // AdamW), per parameter tensor: each tensor's norm, update and state are ops and
     // kernels of their own, a host cost that a tensor's size does not change here.
@@ -244,6 +275,9 @@ MachineProfile fit_profile(const CalibrationSamples& s) {
   p.memory_bandwidth = s.copy_bytes_per_s;
   DT_CHECK_ARG(s.op_seconds >= 0, kOp, "expected a non-negative time per op, got ", s.op_seconds);
   p.op_seconds = s.op_seconds;
+  DT_CHECK_ARG(s.tp_op_seconds >= 0, kOp, "expected a non-negative time per op under tensor parallelism, got ",
+               s.tp_op_seconds);
+  p.tp_op_seconds = s.tp_op_seconds;
   DT_CHECK_ARG(s.optimizer_tensor_seconds >= 0, kOp, "expected a non-negative optimizer time per tensor, got ",
                s.optimizer_tensor_seconds);
   p.optimizer_tensor_seconds = s.optimizer_tensor_seconds;
@@ -333,6 +367,7 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   c.memory_bandwidth = memory_bandwidth * share;
   const double host_share = std::min(1.0, share);  // one thread dispatches however many a rank has
   c.op_seconds = op_seconds / host_share;
+  c.tp_op_seconds = tp_op_seconds / host_share;
   c.optimizer_tensor_seconds = optimizer_tensor_seconds / host_share;
   c.fsdp_collective_seconds = fsdp_collective_seconds / host_share;
   c.overlap_communication = false;  // the ranks' cores copy the bytes
@@ -346,9 +381,10 @@ std::string MachineProfile::to_string() const {
   os.precision(3);
   os << "GEMM " << gemm_flops / 1e9 << " GFLOP/s per rank (half of it at size " << gemm_half_dim << "), copy "
      << memory_bandwidth / 1e9 << " GB/s per rank, collectives " << latency * 1e6 << " us per hop and "
-     << bandwidth / 1e9 << " GB/s per rank, " << op_seconds * 1e6 << " us per dispatched op, "
-     << optimizer_tensor_seconds * 1e6 << " us per parameter tensor in the optimizer step, "
-     << fsdp_collective_seconds * 1e6 << " us per FSDP collective (" << backend << ", " << ranks << " ranks busy)";
+     << bandwidth / 1e9 << " GB/s per rank, " << op_seconds * 1e6 << " us per dispatched op (" << tp_op_seconds * 1e6
+     << " under tensor parallelism), " << optimizer_tensor_seconds * 1e6
+     << " us per parameter tensor in the optimizer step, " << fsdp_collective_seconds * 1e6
+     << " us per FSDP collective (" << backend << ", " << ranks << " ranks busy)";
   return os.str();
 }
 
@@ -366,6 +402,7 @@ void MachineProfile::save(const std::string& path) const {
   j["latency"] = latency;
   j["bandwidth"] = bandwidth;
   j["op_seconds"] = op_seconds;
+  j["tp_op_seconds"] = tp_op_seconds;
   j["optimizer_tensor_seconds"] = optimizer_tensor_seconds;
   j["fsdp_collective_seconds"] = fsdp_collective_seconds;
   nlohmann::json gemm = nlohmann::json::array(), collectives = nlohmann::json::array();
@@ -377,6 +414,7 @@ void MachineProfile::save(const std::string& path) const {
                   {"all_reduce", collectives},
                   {"copy_bytes_per_s", samples.copy_bytes_per_s},
                   {"op_seconds", samples.op_seconds},
+                  {"tp_op_seconds", samples.tp_op_seconds},
                   {"optimizer_tensor_seconds", samples.optimizer_tensor_seconds},
                   {"fsdp_collective_seconds", samples.fsdp_collective_seconds}};
   const std::string tmp = path + ".part";
@@ -424,8 +462,10 @@ MachineProfile MachineProfile::load(const std::string& path) {
       j.contains("optimizer_tensor_seconds") ? field<double>(j, "optimizer_tensor_seconds", path) : 0;
   p.fsdp_collective_seconds =
       j.contains("fsdp_collective_seconds") ? field<double>(j, "fsdp_collective_seconds", path) : 0;
+  // ... and before tensor parallelism's was: a plain op's.
+  p.tp_op_seconds = j.contains("tp_op_seconds") ? field<double>(j, "tp_op_seconds", path) : p.op_seconds;
   DT_CHECK_ARG(p.ranks >= 1 && p.gemm_flops > 0 && p.gemm_half_dim >= 0 && p.memory_bandwidth > 0 && p.latency >= 0 &&
-                   p.bandwidth > 0 && p.op_seconds >= 0 && p.optimizer_tensor_seconds >= 0 &&
+                   p.bandwidth > 0 && p.op_seconds >= 0 && p.tp_op_seconds >= 0 && p.optimizer_tensor_seconds >= 0 &&
                    p.fsdp_collective_seconds >= 0,
                kOp, "'", path, "': expected ranks >= 1 and positive rates, got ", p.to_string());
   if (j.contains("samples")) {
@@ -441,6 +481,7 @@ MachineProfile MachineProfile::load(const std::string& path) {
       p.samples.all_reduce.push_back({field<int64_t>(c, "bytes", path), field<double>(c, "seconds", path)});
     p.samples.copy_bytes_per_s = field<double>(s, "copy_bytes_per_s", path);
     p.samples.op_seconds = field<double>(s, "op_seconds", path);
+    p.samples.tp_op_seconds = p.tp_op_seconds;
     p.samples.optimizer_tensor_seconds = p.optimizer_tensor_seconds;
     p.samples.fsdp_collective_seconds = p.fsdp_collective_seconds;
   }

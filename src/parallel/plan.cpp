@@ -175,9 +175,11 @@ void ClusterSpec::validate() const {
                "': expected positive memory, peak FLOP/s, bandwidths and a GEMM efficiency in (0, 1]");
   DT_CHECK_ARG(bytes_per_value == 2 || bytes_per_value == 4, kOp, "expected 2 or 4 bytes per value, got ",
                bytes_per_value);
-  DT_CHECK_ARG(op_seconds >= 0 && optimizer_tensor_seconds >= 0 && fsdp_collective_seconds >= 0, kOp, "cluster '", name,
+  DT_CHECK_ARG(op_seconds >= 0 && tp_op_seconds >= 0 && optimizer_tensor_seconds >= 0 && fsdp_collective_seconds >= 0,
+               kOp, "cluster '", name,
                "': expected non-negative host times per op, parameter tensor and FSDP collective, got ", op_seconds,
-               ", ", optimizer_tensor_seconds, " and ", fsdp_collective_seconds);
+               " (", tp_op_seconds, " under tensor parallelism), ", optimizer_tensor_seconds, " and ",
+               fsdp_collective_seconds);
 }
 
 // ---- plans ---------------------------------------------------------------------------
@@ -419,7 +421,8 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       (elementwise * (full ? 7 : 5) + scores * moves) * layers_per_stage * m / cluster.memory_bandwidth;
   // The host's dispatch of every op, per micro-batch (forward runs again under full
   // recomputation: a third more of a block's ops).
-  e.overhead_seconds = m * cluster.op_seconds *
+  const double op_seconds = p.tp > 1 && cluster.tp_op_seconds > 0 ? cluster.tp_op_seconds : cluster.op_seconds;
+  e.overhead_seconds = m * op_seconds *
                        (static_cast<double>(model.ops_per_layer) * layers_per_stage * (full ? 4.0 / 3 : 1) +
                         static_cast<double>(model.ops_outside_layers));
   e.compute_seconds = gemm_seconds + memory_seconds + e.overhead_seconds;

@@ -44,6 +44,11 @@ struct CalibrationSamples {
   // Per dispatched op of a tiny transformer block's forward and backward (batch sharded
   // over the ranks): the host's cost of a model's op that does almost no work.
   double op_seconds = 0;
+  // The same block under tensor parallelism over the ranks (Megatron's column- and
+  // row-parallel linears, input replicated), per op of the plain block: sharding, the
+  // collectives' host side and the ranks' waits for each other. The plain op's time
+  // with one rank or where the block does not divide.
+  double tp_op_seconds = 0;
   // Per parameter tensor of that block's optimizer step (clipping by the global norm,
   // AdamW): the host's cost of a tensor's norm, update and state.
   double optimizer_tensor_seconds = 0;
@@ -65,6 +70,7 @@ struct MachineProfile {
   double latency = 0;                   // alpha: seconds per hop of a collective
   double bandwidth = 0;                 // beta: bytes per second per rank, one direction
   double op_seconds = 0;                // host time per dispatched op (ClusterSpec::op_seconds)
+  double tp_op_seconds = 0;             // under tensor parallelism (ClusterSpec::tp_op_seconds)
   double optimizer_tensor_seconds = 0;  // per parameter tensor (ClusterSpec::optimizer_tensor_seconds)
   double fsdp_collective_seconds = 0;   // per FSDP collective (ClusterSpec::fsdp_collective_seconds)
   CalibrationSamples samples;           // what it was fitted to

@@ -33,7 +33,8 @@
 //   ZeRO-1's parameter gather) overlapped chunk by chunk with the last round's backward
 //   (forward), as Megatron-Core does; all under the alpha-beta model of
 //   cost_model.h with intra-node (NVLink) or inter-node links; the optimizer reading
-//   and writing its bytes. On a host (a measured profile) the ops' dispatch, the
+//   and writing its bytes. On a host (a measured profile) the ops' dispatch (dearer
+//   under tensor parallelism), the
 //   optimizer's per-tensor work, data parallelism's flat-buffer copies and FSDP's host
 //   cost per collective are charged too.
 // A GPU preset's GEMM efficiency is fitted to one published run; the GEMM half dim, the
@@ -143,6 +144,9 @@ struct ClusterSpec {
   // kernels run on the host (a measured profile, machine_profile.h). 0 for the GPU
   // presets: launches queue behind the kernels.
   double op_seconds = 0;
+  // The same under tensor parallelism (tp > 1): each op's sharding, its collectives'
+  // host side and the ranks' waits for each other. 0: op_seconds.
+  double tp_op_seconds = 0;
   // Host time of the optimizer step per parameter tensor (clipping's norm, the update,
   // its state: each tensor's own ops and kernels), on the critical path on the host. 0
   // for the GPU presets (fused multi-tensor kernels).
