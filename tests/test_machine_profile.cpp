@@ -106,8 +106,9 @@ TEST(MachineProfile, SavesAtomicallyAndLoadsWhatItSaved) {
   std::stringstream text;
   text << std::ifstream(path).rdbuf();
   std::string older = text.str();
-  for (size_t at = older.find("\"tp_op_seconds\""); at != std::string::npos; at = older.find("\"tp_op_seconds\"")) {
-    older.replace(at, 15, "\"xx_op_seconds\"");
+  const std::string key = "\"tp_op_seconds\"";
+  for (size_t at = older.find(key); at != std::string::npos; at = older.find(key)) {
+    older.replace(at, key.size(), "\"xx_op_seconds\"");
   }
   std::ofstream(path, std::ios::trunc) << older;
   EXPECT_DOUBLE_EQ(MachineProfile::load(path.string()).tp_op_seconds, 3e-6);

@@ -118,15 +118,16 @@ int64_t calls_for(const Group& group, double seconds_each, double budget) {
   return std::clamp<int64_t>(static_cast<int64_t>(budget / std::max(mean, 1e-9)), 2, 100000);
 }
 
-// The median seconds per call of fn: a first call (a GEMM shape chooses its engine,
-// buffers are allocated), then one timed to size the trials at seconds_per_sample.
+// The slowest rank's median seconds per call of fn: a first call (a GEMM shape chooses
+// its engine, buffers are allocated), then one timed to size the trials at
+// seconds_per_sample.
 template <class Fn>
 double time_per_call(const Group& world, const CalibrationOptions& o, Fn&& fn) {
   fn();
   const Clock::time_point probe = Clock::now();
   fn();
   const int64_t calls = calls_for(world, seconds_since(probe), o.seconds_per_sample);
-  return median_seconds_per_call(world, o.trials, calls, fn);
+  return slowest_over(world, median_seconds_per_call(world, o.trials, calls, fn));
 }
 
 CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
@@ -137,14 +138,14 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
   for (const auto& [m, n, k] : o.gemm_shapes) {
     DT_CHECK_ARG(m >= 1 && n >= 1 && k >= 1, kOp, "expected GEMM sizes >= 1, got ", m, " x ", n, " x ", k);
     const Tensor a = Tensor::randn({m, k}, 1), b = Tensor::randn({k, n}, 2);
-    const double seconds = slowest_over(world, time_per_call(world, o, [&] { (void)matmul(a, b); }));
+    const double seconds = time_per_call(world, o, [&] { (void)matmul(a, b); });
     s.gemm.push_back({m, n, k, 2.0 * m * n * k / seconds});
   }
   for (int64_t bytes : o.all_reduce_bytes) {
     DT_CHECK_ARG(bytes >= 4, kOp, "expected all-reduce sizes of at least 4 bytes, got ", bytes);
     const Tensor t = Tensor::zeros({bytes / 4});
     // A collective ends when its slowest rank does.
-    const double seconds = slowest_over(world, time_per_call(world, o, [&] { all_reduce_(world, t); }));
+    const double seconds = time_per_call(world, o, [&] { all_reduce_(world, t); });
     s.all_reduce.push_back({bytes / 4 * 4, seconds});
   }
   {
@@ -179,7 +180,7 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       ops = static_cast<double>(counter.last_report().ops);
     }
     DT_CHECK_ARG(ops > 0, kOp, "expected the calibration block to dispatch ops, recording counted none");
-    const double block_seconds = slowest_over(world, time_per_call(world, o, block_step));
+    const double block_seconds = time_per_call(world, o, block_step);
     s.op_seconds = block_seconds / ops;
     // The same block under FSDP (ZeRO-3, one unit): each step gathers its parameters for
     // forward and again for backward and reduce-scatters its gradients; what that adds
@@ -193,7 +194,7 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
         sum(sharded.forward(x)).backward();
         unit.finish_gradient_sync();
       };
-      const double fsdp = slowest_over(world, time_per_call(world, o, sharded_step));
+      const double fsdp = time_per_call(world, o, sharded_step);
       s.fsdp_collective_seconds = std::max(0.0, fsdp - block_seconds) / 3;
     }
     // The same block under tensor parallelism over all ranks (Megatron's: q, k, v and
@@ -223,8 +224,7 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
         parallel_block.zero_grad();
         sum(parallel_block.forward(whole)).backward();
       };
-      tp_step();
-      s.tp_op_seconds = slowest_over(world, time_per_call(world, o, tp_step)) / ops;
+      s.tp_op_seconds = time_per_call(world, o, tp_step) / ops;
     }
     // The block's optimizer step as train_gpt takes it (clipping by the global norm,
     // AdamW), per parameter tensor: each tensor's norm, update and state are ops and
@@ -235,8 +235,7 @@ CalibrationSamples measure(const Group& world, const CalibrationOptions& o) {
       (void)clip_grad_norm(params, 1.0);
       optimizer.step();
     };
-    s.optimizer_tensor_seconds =
-        slowest_over(world, time_per_call(world, o, optimizer_step)) / static_cast<double>(params.size());
+    s.optimizer_tensor_seconds = time_per_call(world, o, optimizer_step) / static_cast<double>(params.size());
   }
   {
     const size_t n = static_cast<size_t>(std::max<int64_t>(o.copy_bytes, 4096));

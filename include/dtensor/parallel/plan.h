@@ -34,9 +34,8 @@
 //   (forward), as Megatron-Core does; all under the alpha-beta model of
 //   cost_model.h with intra-node (NVLink) or inter-node links; the optimizer reading
 //   and writing its bytes. On a host (a measured profile) the ops' dispatch (dearer
-//   under tensor parallelism), the
-//   optimizer's per-tensor work, data parallelism's flat-buffer copies and FSDP's host
-//   cost per collective are charged too.
+//   under tensor parallelism), the optimizer's per-tensor work, data parallelism's
+//   flat-buffer copies and FSDP's host cost per collective are charged too.
 // A GPU preset's GEMM efficiency is fitted to one published run; the GEMM half dim, the
 // memory-bound ops' 5 (7) moves and backward's 2/3 share were set while Megatron-LM's
 // A100 table was in view. `dtensor-plan --validate` compares the model with published
