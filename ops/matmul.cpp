@@ -41,6 +41,27 @@ bool flattens_for_free(const DistTensor& t) {
   return flattens_for_free(t.placements(), t.shape(), t.mesh().shape());
 }
 
+// g^T a over every batch row, [n, k]: "...N,...K->NK" with the batch letters
+// contracted, so a batch dim sharded alike in both gives a Partial sum, whichever dim
+// it is (the sequence under context parallelism as the batch under data parallelism),
+// and each rank runs one GEMM over its rows.
+DistTensor contract_rows(const DistTensor& g, const DistTensor& a) {
+  const int64_t batch_dims = a.dim() - 1;
+  auto spec = [&] {
+    dispatch::EinsumSpec s;
+    s.inputs = {ops::letters(batch_dims) + "N", ops::letters(batch_dims) + "K"};
+    s.output = "NK";
+    s.partial = dispatch::PartialRule::OneOf;
+    return s;
+  };
+  return ops::run_einsum_lazy("matmul_rows", {}, {g, a}, spec, Shape{g.size(-1), a.size(-1)},
+                              [](const std::vector<Tensor>& l) {
+                                const Tensor g_rows = l[0].reshape({-1, l[0].size(-1)});
+                                const Tensor a_rows = l[1].reshape({-1, l[1].size(-1)});
+                                return matmul(g_rows.t(), a_rows);
+                              });
+}
+
 // The gradients of a @ b from the output's gradient g: a's and b's where the engine
 // wants them (autograd::grad_wanted(0) and (1)), undefined otherwise. `b_is_weight_t`:
 // b is W^T of a Linear (linear() says so; a guess from local strides could differ
@@ -56,8 +77,15 @@ Grads matmul_grads(const DistTensor& sa, const DistTensor& sb, const DistTensor&
     out[0] = ops::sum_to(matmul(g, transpose(sb, -1, -2)), sa.shape());
   }
   if (!autograd::grad_wanted(1)) return out;
-  if (sb.dim() != 2 || (sa.dim() > 2 && !(flattens_for_free(sa) && flattens_for_free(g)))) {
-    // Batched, or a layout whose flattening would communicate: per batch entry, summed.
+  if (sb.dim() == 2 && sa.dim() > 2 && !(flattens_for_free(sa) && flattens_for_free(g))) {
+    // Rows whose flattening would communicate (a dim inside the batch sharded): the
+    // contraction over them where they lie, not one product per batch entry summed
+    // (which held [batch, n, k] at once).
+    out[1] = b_is_weight_t ? transpose(contract_rows(g, sa), 0, 1) : contract_rows(sa, g);
+    return out;
+  }
+  if (sb.dim() != 2) {
+    // Batched: per batch entry, summed.
     if (b_is_weight_t) {
       const Shape w_shape{sb.size(1), sb.size(0)};
       out[1] = transpose(ops::sum_to(matmul(transpose(g, -1, -2), sa), w_shape), 0, 1);

@@ -138,6 +138,42 @@ TEST(OpsCore, LinearFusesTheBiasUnlessTheProductIsPartial) {
   });
 }
 
+// A Linear whose input is sharded inside its batch dims (the sequence, as context
+// parallelism shards it) gets its weight's gradient from one contraction over each
+// rank's rows, a Partial sum, without communicating in backward and without holding
+// a [batch, out, in] product per batch entry; a plain 2-D right operand too.
+TEST(OpsCore, WeightGradientOverSequenceShardsIsOneContraction) {
+  launch(2, [](Group world) {
+    DeviceMesh mesh(world, {2}, {"cp"});
+    const int64_t batch = 64, seq = 8, in = 96, out = 96;
+    const Tensor xf = Tensor::randn({batch, seq, in}, 1), wf = Tensor::randn({out, in}, 2);
+    for (bool weight : {true, false}) {
+      const std::string what = weight ? "linear" : "matmul";
+      DistTensor x = distribute(xf, mesh, {Shard(1)}).set_requires_grad();
+      DistTensor w = distribute(weight ? wf : wf.t().contiguous(), mesh, {Replicate()}).set_requires_grad();
+      DistTensor y = weight ? linear(x, w) : matmul(x, w);
+      DistTensor loss = sum(mul(y, y));
+      const int64_t before = memory_stats().live_bytes;
+      reset_peak_memory();
+      CommDebugMode backward;
+      loss.backward();
+      const int64_t peak = memory_stats().peak_bytes - before;
+      EXPECT_EQ(backward.total_count(), 0) << what << ": " << backward.to_string();
+      EXPECT_TRUE(w.grad().placements()[0].is_partial()) << what << " " << w.grad().to_string();
+      // Backward holds the local rows' gradients (about 0.1 MB each), never a
+      // [batch, out, in] product (2.4 MB).
+      EXPECT_LT(peak, batch * out * in * 4 / 4) << what;
+      DistTensor xr = distribute(xf, mesh, {Replicate()}).set_requires_grad();
+      DistTensor wr = distribute(weight ? wf : wf.t().contiguous(), mesh, {Replicate()}).set_requires_grad();
+      DistTensor yr = weight ? linear(xr, wr) : matmul(xr, wr);
+      sum(mul(yr, yr)).backward();
+      // Sums of 512 rows' products of about 20 x 1, in another order than the reference's.
+      EXPECT_LT(amax(abs(sub(w.grad().full_tensor(), wr.grad().full_tensor()))).item<double>(), 1e-2) << what;
+      EXPECT_LT(amax(abs(sub(x.grad().full_tensor(), xr.grad().full_tensor()))).item<double>(), 1e-3) << what;
+    }
+  });
+}
+
 // linear_gelu() is linear's epilogue plus the GELU ("linear_gelu" node) wherever the
 // bias fuses, with linear then gelu's values, placements, gradients and (no)
 // communication; row parallel is the two ops, the Partial product reduced before the
