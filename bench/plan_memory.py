@@ -44,6 +44,14 @@ LAYOUTS = [
     ("DDP x TP", "--mesh dp=2,tp=2"),
     ("PP x DDP", "--mesh pp=2,dp=2"),
     ("3-D: PP x DDP x TP", "--mesh pp=2,dp=2,tp=2"),
+    ("CP", "--mesh cp=2"),
+    ("DDP x CP", "--mesh dp=2,cp=2"),
+    ("CP x TP", "--mesh cp=2,tp=2"),
+    ("ZeRO-3 offload", "--mesh dp=2 --fsdp 3 --offload"),
+    ("ZeRO-3 offload, 4 ranks", "--mesh dp=4 --fsdp 3 --offload"),
+    ("MoE, DDP", "--mesh dp=2 --moe-experts 4 --moe-top-k 2"),
+    ("MoE, EP", "--mesh ep=2 --moe-experts 4 --moe-top-k 2"),
+    ("MoE, DDP x EP", "--mesh dp=2,ep=2 --moe-experts 4 --moe-top-k 2"),
 ]
 MPI = ["DDP", "ZeRO-3", "TP", "PP 1F1B", "DDP x TP"]
 
@@ -109,11 +117,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="runs of every layout, alternating")
     ap.add_argument("--mpi", action="store_true", help="also run the MPI rows under mpirun")
     ap.add_argument("--memory-tolerance", type=float, default=10.0, help="percent")
+    ap.add_argument("--only", default="", help="the layouts whose names contain one of these, comma-separated")
     ap.add_argument("model", nargs="*", help="train_gpt's model flags, after --")
     args = ap.parse_args()
-    rows = [(name, flags, False) for name, flags in LAYOUTS]
+    wanted = [w for w in args.only.split(",") if w]
+    layouts = [(n, f) for n, f in LAYOUTS if not wanted or any(w in n for w in wanted)]
+    rows = [(name, flags, False) for name, flags in layouts]
     if args.mpi:
-        rows += [(name + " (MPI)", flags, True) for name, flags in LAYOUTS if name in MPI]
+        rows += [(name + " (MPI)", flags, True) for name, flags in layouts if name in MPI]
     print(f"model: {' '.join(args.model) or 'train_gpt defaults'}; {args.rounds} rounds of {args.steps} steps")
     results = {}
     for _ in range(args.rounds):

@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
           batch = 512, top = 10, experts = 0, top_k = 0;
   double memory_gb = 0;
   std::string source, calibrate_to, profile_path, backend = "threads";
-  int64_t ranks = 0;
+  int64_t ranks = 0, cp = 0, ep = 0, max_cp = 8;
+  std::string offload = "search";
   bool run_validation = false, show_rejected = false;
   app.add_option("--model", family, "gpt (GELU MLP, tied embeddings) or llama (SwiGLU, GQA, untied)")
       ->check(CLI::IsMember({"gpt", "llama"}));
@@ -96,6 +97,13 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices, "devices in all")->capture_default_str();
   app.add_option("--memory-gb", memory_gb, "usable memory per device (0: the preset's)")->capture_default_str();
   app.add_option("--global-batch", batch, "sequences per optimizer step")->capture_default_str();
+  app.add_option("--cp", cp, "context-parallel degree (0: searched up to --max-cp)")->capture_default_str();
+  app.add_option("--max-cp", max_cp, "the largest context-parallel degree searched")->capture_default_str();
+  app.add_option("--ep", ep, "expert-parallel degree, of the dp ranks (0: searched for --experts)")
+      ->capture_default_str();
+  app.add_option("--offload", offload, "ZeRO-Offload of the optimizer to the host: search, on or off")
+      ->check(CLI::IsMember({"search", "on", "off"}))
+      ->capture_default_str();
   app.add_option("--top", top, "plans to print")->capture_default_str();
   app.add_flag("--rejected", show_rejected, "also list why the other configurations were rejected");
   app.add_flag("--validate", run_validation, "compare the model with published runs (exit 0 when all within 15%)");
@@ -138,7 +146,12 @@ int main(int argc, char** argv) {
     ClusterSpec cluster = profile_path.empty() ? ClusterSpec::preset(cluster_name, devices)
                                                : MachineProfile::load(profile_path).cluster(devices);
     if (memory_gb > 0) cluster.memory_bytes = memory_gb * 1e9;
-    const PlanSearch found = search_plans(model, cluster, batch);
+    PlanSearchOptions options;
+    options.cp = cp;
+    options.max_cp = max_cp;
+    options.ep = ep;
+    options.offload = offload == "search" ? -1 : offload == "on" ? 1 : 0;
+    const PlanSearch found = search_plans(model, cluster, batch, options);
     std::printf(
         "%s: %.2fB parameters, %lld layers, hidden %lld, %lld heads, seq %lld, vocab %lld; %s x %lld, %.0f GB "
         "each; global batch %lld\n",

@@ -241,6 +241,16 @@ Settings read_settings(const TrainConfig& o) {
     throw std::invalid_argument("--mesh " + o.mesh + ": an 'ep' dim needs --moe-experts, a multiple of ep, got " +
                                 std::to_string(o.moe_experts));
   }
+  if (has("cp") && o.sequence_parallel) {
+    throw std::invalid_argument("--mesh " + o.mesh +
+                                ": context parallelism (cp) and --sequence-parallel both shard the sequence; "
+                                "drop one");
+  }
+  if (has("cp") && o.seq_len % (2 * s.mesh.size("cp")) != 0) {
+    throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + " with --mesh " + o.mesh +
+                                ": the load-balanced context-parallel order cuts the sequence into 2 x cp = " +
+                                std::to_string(2 * s.mesh.size("cp")) + " equal chunks");
+  }
   if (s.model.heads < 1 || s.model.dim % s.model.heads != 0) {
     throw std::invalid_argument("--dim " + std::to_string(s.model.dim) + " must be a multiple of --heads " +
                                 std::to_string(s.model.heads));
@@ -406,9 +416,10 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   RunEstimate out;
   const std::pair<bool, const char*> unmodelled[] = {
       {s.hsdp, "--hsdp"},
-      {s.offload, "--offload"},
-      {config.moe_experts > 0, "--moe-experts"},
-      {s.mesh.size("cp") > 1 || s.mesh.size("ep") > 1, "cp and ep mesh dims"},
+      {s.offload && s.offload_fraction < 1, "--offload-fraction below 1"},
+      {s.delayed_update >= 0, "--delayed-update"},
+      {config.moe_experts > 0 && (config.moe_capacity_factor > 0 || config.moe_shared_expert),
+       "--moe-capacity or a shared expert"},
       {s.precision != "fp32", "16-bit precision"},
       {config.dropout > 0, "dropout"},
       {!s.loss_parallel, "--gather-logits"},
@@ -426,7 +437,10 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   plan.dp = s.dp;
   plan.tp = s.tp;
   plan.pp = s.pp;
+  plan.cp = s.mesh.size("cp");
+  plan.ep = s.mesh.size("ep");
   plan.zero = static_cast<int>(s.fsdp);
+  plan.offload = s.offload;
   plan.micro_batches = s.schedule ? s.schedule->micro_batches : s.grad_accum;
   plan.micro_batch = s.batch / (s.dp * plan.micro_batches);
   if (s.schedule) {
@@ -690,12 +704,15 @@ TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
     const parallel::ParallelPlan& p = found.ranked[i].plan;
     TrainConfig c = given;
     std::string mesh;
-    for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", p.pp}, {"dp", p.dp}, {"tp", p.tp}}) {
+    // The plan's dp counts the expert-parallel ranks among the data-parallel ones.
+    for (const auto& [name, size] :
+         {std::pair<const char*, int64_t>{"pp", p.pp}, {"dp", p.dp / p.ep}, {"cp", p.cp}, {"ep", p.ep}, {"tp", p.tp}}) {
       if (size > 1) mesh += (mesh.empty() ? "" : ",") + std::string(name) + "=" + std::to_string(size);
     }
     c.mesh = mesh.empty() ? "dp=1" : mesh;
     c.fsdp = p.zero;
     c.hsdp = false;
+    c.offload = p.offload;
     c.sequence_parallel = p.sequence_parallel;
     c.checkpoint_activations = p.recompute == parallel::Recompute::Full;
     c.schedule = p.pp == 1                                           ? ""
@@ -716,8 +733,8 @@ TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
         std::printf("  %zu. %s\n", j + 1, found.ranked[j].to_string().c_str());
       }
       if (!refused.empty()) std::printf("skipped:%s\n", refused.c_str());
-      std::printf("--plan auto chose #%zu: --mesh %s --fsdp %lld%s%s%s (%zu configurations fit, %zu rejected)\n", i + 1,
-                  c.mesh.c_str(), static_cast<long long>(c.fsdp),
+      std::printf("--plan auto chose #%zu: --mesh %s --fsdp %lld%s%s%s%s (%zu configurations fit, %zu rejected)\n",
+                  i + 1, c.mesh.c_str(), static_cast<long long>(c.fsdp), c.offload ? " --offload" : "",
                   c.grad_accum > 1 ? (" --grad-accum " + std::to_string(c.grad_accum)).c_str() : "",
                   p.pp > 1 ? (" --schedule " + c.schedule + " --microbatches " + std::to_string(c.microbatches) +
                               (c.virtual_stages > 1 ? " --virtual-stages " + std::to_string(c.virtual_stages) : ""))

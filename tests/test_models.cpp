@@ -242,6 +242,7 @@ struct MemoryLayout {
   models::GPTParallelOptions options;
   parallel::ParallelPlan plan;
   bool checkpoint = false;
+  int64_t experts = 0;  // a mixture of experts (top-2) in every block
 };
 
 // The most any rank held in the third step of training `config` under `layout`.
@@ -257,6 +258,7 @@ int64_t measured_peak(const models::GPTConfig& config, const MemoryLayout& layou
     auto gpt = models::parallelize_gpt(mesh, config, 7, layout.options);
     AdamW optimizer(gpt->parameters(), {.lr = 1e-3});
     parallel::Trainer trainer(optimizer, {.sync = gpt->sync()});
+    const ContextParallelScope sequence_order(gpt->context_parallel());
     const int micros = gpt->pipeline() ? layout.options.pipeline.micro_batches : 1;
     auto rows_of = [&](const Tensor& t, int64_t micro) {
       const int64_t n = batch / micros;
@@ -279,31 +281,44 @@ int64_t measured_peak(const models::GPTConfig& config, const MemoryLayout& layou
   return peak;
 }
 
-// gpt_model_spec's parameter tensors (the optimizer's host cost per tensor) are the
-// model's, for biases or none, LayerNorm or RMSNorm, GELU or SwiGLU, tied or not.
+// gpt_model_spec's parameter tensors (the optimizer's host cost per tensor) and
+// parameters are the model's, for biases or none, LayerNorm or RMSNorm, GELU or
+// SwiGLU, tied or not, dense or a mixture of experts.
 TEST(Models, SpecCountsTheParameterTensors) {
   launch(1, [](Group g) {
     DeviceMesh mesh(g, {1});
     for (const bool bias : {true, false})
       for (const bool rms : {false, true})
         for (const bool tied : {true, false})
-          for (const nn::Activation act : {nn::Activation::Gelu, nn::Activation::SwiGlu}) {
-            models::GPTConfig c = tiny(tied);
-            c.bias = bias;
-            c.rms_norm = rms;
-            c.activation = act;
-            const models::GPT gpt(mesh, c, 3);
-            const parallel::ModelSpec spec = models::gpt_model_spec(c, c.block_size);
-            EXPECT_EQ(static_cast<int64_t>(gpt.parameters().size()),
-                      spec.tensors_per_layer * c.layers + spec.tensors_outside_layers)
-                << "bias " << bias << " rms " << rms << " tied " << tied;
-          }
+          for (const nn::Activation act : {nn::Activation::Gelu, nn::Activation::SwiGlu})
+            for (const int64_t experts : {0, 4}) {
+              models::GPTConfig c = tiny(tied);
+              c.bias = bias;
+              c.rms_norm = rms;
+              c.activation = act;
+              c.moe_experts = experts;
+              const models::GPT gpt(mesh, c, 3);
+              const parallel::ModelSpec spec = models::gpt_model_spec(c, c.block_size);
+              EXPECT_EQ(static_cast<int64_t>(gpt.parameters().size()),
+                        spec.tensors_per_layer * c.layers + spec.tensors_outside_layers)
+                  << "bias " << bias << " rms " << rms << " tied " << tied << " experts " << experts;
+              if (experts > 0) {  // the experts and the router, as the blocks hold them
+                models::GPTConfig dense = c;
+                dense.moe_experts = 0;
+                const models::GPT plain(mesh, dense, 3);
+                EXPECT_EQ(spec.parameters() - models::gpt_model_spec(dense, dense.block_size).parameters(),
+                          gpt.num_parameters() - plain.num_parameters())
+                    << "bias " << bias << " rms " << rms << " tied " << tied;
+              }
+            }
   });
 }
 
 // The estimator (parallel/plan.h) with models::GPT's own memory description predicts
 // the allocator's peak per rank within 10% under DDP, ZeRO 1-3, TP (with sequence
-// parallelism), PP, their 3-D composition, accumulation and recomputation.
+// parallelism), PP, their 3-D composition, accumulation and recomputation, context
+// parallelism, a mixture of experts with expert parallelism, and ZeRO-Offload (the
+// device's side).
 TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
   models::GPTConfig config = testing::tiny_gpt(4);
   config.vocab = 32;
@@ -328,6 +343,12 @@ TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
     p.recompute = parallel::Recompute::Full;
     return p;
   };
+  auto with = [](parallel::ParallelPlan p, int64_t cp, int64_t ep, bool offload) {
+    p.cp = cp;
+    p.ep = ep;
+    p.offload = offload;
+    return p;
+  };
   const models::GPTPipelineOptions four{.micro_batches = 4};
   const std::vector<MemoryLayout> layouts = {
       {"DDP", {2}, {"dp"}, {}, plan(2, 1, 1, 0, 1)},
@@ -340,10 +361,16 @@ TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
       {"DDP x TP", {2, 2}, {"dp", "tp"}, {}, plan(2, 2, 1, 0, 1)},
       {"PP x DDP x TP", {2, 2, 2}, {"pp", "dp", "tp"}, {.pipeline = four}, plan(2, 2, 2, 0, 4)},
       {"ZeRO-3, recomputed", {2}, {"dp"}, {.fsdp = 3}, with_recompute(plan(2, 1, 1, 3, 1)), true},
+      {"CP", {2}, {"cp"}, {}, with(plan(1, 1, 1, 0, 1), 2, 1, false)},
+      {"DDP x CP", {2, 2}, {"dp", "cp"}, {}, with(plan(2, 1, 1, 0, 1), 2, 1, false)},
+      {"ZeRO-3 offload", {2}, {"dp"}, {.fsdp = 3, .offload = true}, with(plan(2, 1, 1, 3, 1), 1, 1, true)},
+      {"MoE, DDP", {2}, {"dp"}, {}, plan(2, 1, 1, 0, 1), false, 4},
+      {"MoE, DP x EP", {2, 2}, {"dp", "ep"}, {}, with(plan(4, 1, 1, 0, 1), 1, 2, false), false, 4},
   };
   for (const MemoryLayout& layout : layouts) {
     models::GPTConfig c = config;
     c.checkpoint_activations = layout.checkpoint;
+    c.moe_experts = layout.experts;
     const int64_t measured = measured_peak(c, layout, kSequences);
     const parallel::PlanEstimate e = parallel::estimate_plan(
         models::gpt_model_spec(c, c.block_size), parallel::ClusterSpec::preset("cpu", shape_numel(layout.shape)),

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "dtensor/cost_model.h"
 #include "dtensor/parallel/plan.h"
@@ -310,7 +311,8 @@ TEST(Plan, SearchRanksFeasiblePlansAndSaysWhyOthersWereRejected) {
     const PlanEstimate& e = found.ranked[i];
     EXPECT_TRUE(e.rejected.empty());
     EXPECT_LE(e.memory_bytes, c.memory_bytes);
-    EXPECT_EQ(e.plan.dp * e.plan.tp * e.plan.pp, 64);
+    EXPECT_EQ(e.plan.dp * e.plan.cp * e.plan.tp * e.plan.pp, 64);
+    EXPECT_EQ(e.plan.ep, 1);      // a dense model
     EXPECT_EQ(8 % e.plan.tp, 0);  // tensor parallel within a node
     if (i > 0) EXPECT_LE(found.ranked[i - 1].step_seconds, e.step_seconds);
   }
@@ -323,6 +325,117 @@ TEST(Plan, SearchRanksFeasiblePlansAndSaysWhyOthersWereRejected) {
   EXPECT_TRUE(alone.ranked.empty());
   ASSERT_FALSE(alone.rejected.empty());
   EXPECT_NE(alone.rejected.front().rejected.find("per device"), std::string::npos) << alone.rejected.front().rejected;
+}
+
+// Context parallelism splits each sequence over cp ranks: a device holds the
+// activations of its s/cp tokens (cp=2 with micro-batch 2 holds what dp=2 with
+// micro-batch 1 does, Megatron's activations having nothing of the whole sequence),
+// and each attention passes its keys and values round the ring: cp - 1 times in
+// forward, cp - 1 and their gradients cp times in backward. On the CPU every pass is
+// on the step.
+TEST(Plan, ContextParallelSplitsTheSequenceAndPassesKeysAndValues) {
+  const ModelSpec m = ModelSpec::gpt(4, 256, 8, 512, 32);
+  const ClusterSpec c = ClusterSpec::preset("cpu", 2);
+  ParallelPlan by_cp = plan_of(1, 1, 1, 0, 8, 2);  // 4 micro-batches of 2 sequences
+  by_cp.cp = 2;
+  const PlanEstimate cp = estimate_plan(m, c, 8, by_cp);
+  const PlanEstimate dp = estimate_plan(m, c, 8, plan_of(2, 1, 1, 0, 8, 1));
+  ASSERT_TRUE(cp.rejected.empty()) << cp.rejected;
+  ASSERT_TRUE(dp.rejected.empty()) << dp.rejected;
+  EXPECT_DOUBLE_EQ(cp.activation_bytes, dp.activation_bytes);
+  EXPECT_DOUBLE_EQ(cp.param_bytes, dp.param_bytes);
+  const CostModel threads = CostModel::for_backend("threads", 2);
+  const double tokens = 512 * 2 / 2, pass = threads.point_to_point(static_cast<int64_t>(2 * tokens * 256 * 4), 1);
+  EXPECT_NEAR(cp.cp_seconds / (4 /*micro-batches*/ * 4 /*layers*/ * ((2 - 1) + (2 * 2 - 1)) * pass), 1, 1e-9);
+  EXPECT_EQ(dp.cp_seconds, 0);
+  // The gradients are reduced over the cp ranks as over dp ones.
+  EXPECT_GT(cp.dp_seconds, 0);
+  by_cp.cp = 3;
+  EXPECT_NE(estimate_plan(m, c, 8, by_cp).rejected.find("dp x cp x tp x pp"), std::string::npos);
+  by_cp.cp = 2;
+  EXPECT_NE(estimate_plan(ModelSpec::gpt(4, 256, 8, 511, 32), c, 8, by_cp).rejected.find("cp does not divide"),
+            std::string::npos);
+}
+
+// Expert parallelism splits each block's experts over ep of the dp ranks (their
+// parameters, gradients and optimizer state over ep, the dense ones not), and each MoE
+// layer sends every routed copy of its tokens by two all-to-alls in forward and two
+// in backward, after an all-gather of the per-expert counts.
+TEST(Plan, ExpertParallelSplitsTheExpertsAndSendsTokensByAllToAll) {
+  ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  m.experts = 8;
+  m.top_k = 2;
+  EXPECT_EQ(m.layer_expert_parameters(), 8 * 2 * 1024 * 4096);
+  EXPECT_EQ(m.layer_parameters(), 4 * 1024 * 1024 + m.layer_expert_parameters() + 1024 * 8 + 4 * 1024);
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  ParallelPlan plan = plan_of(8, 1, 1, 0, 64);  // 8 micro-batches of 1
+  const PlanEstimate replicated = estimate_plan(m, c, 64, plan);
+  plan.ep = 4;
+  const PlanEstimate split = estimate_plan(m, c, 64, plan);
+  ASSERT_TRUE(split.rejected.empty()) << split.rejected;
+  const double experts = 8 * static_cast<double>(m.layer_expert_parameters());
+  // 16-bit parameters and gradients, 12 bytes of optimizer state: 3/4 of the experts
+  // are elsewhere.
+  EXPECT_NEAR(replicated.param_bytes - split.param_bytes, experts * 3 / 4 * 2, 1);
+  EXPECT_NEAR(replicated.optimizer_bytes - split.optimizer_bytes, experts * 3 / 4 * 12, 1);
+  const CostModel nvlink = [&] {
+    CostModel l;
+    l.bandwidth_bytes_per_s = c.intra_bandwidth;
+    l.latency_s = c.intra_latency;
+    return l;
+  }();
+  const double a2a = nvlink.all_to_all(static_cast<int64_t>(1024 * 2 * 1024 * 2), 4);
+  const double counts = nvlink.all_gather(8 * 8 * 4, 4);
+  EXPECT_NEAR(split.ep_seconds / (8 * 8 * (2 * a2a + counts + 2 * a2a)), 1, 1e-9);
+  EXPECT_EQ(replicated.ep_seconds, 0);
+  plan.ep = 3;
+  EXPECT_NE(estimate_plan(m, c, 64, plan).rejected.find("ep 3 must divide"), std::string::npos);
+  plan.ep = 2;
+  EXPECT_NE(estimate_plan(ModelSpec::gpt(8, 1024, 16, 1024, 32000), c, 64, plan).rejected.find("ep 2 must divide"),
+            std::string::npos);
+  // The search tries expert parallelism for a mixture of experts only.
+  PlanSearchOptions options;
+  options.tp = options.pp = options.cp = 1;
+  options.zero = 0;
+  const PlanSearch found = search_plans(m, c, 64, options);
+  std::set<int64_t> eps;
+  for (const PlanEstimate& e : found.ranked) eps.insert(e.plan.ep);
+  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));
+}
+
+// ZeRO-Offload: the optimizer's state, the master and the gradients' shards on the
+// host (mixed precision: 14 bytes per parameter over N there, 2 over N on the device
+// under stage 3; the README's table), the reduced gradients copied to the host and the
+// updated shard back each step.
+TEST(Plan, OffloadMovesTheOptimizerToTheHost) {
+  const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  ParallelPlan plan = plan_of(8, 1, 1, 3, 64);
+  const PlanEstimate kept = estimate_plan(m, c, 64, plan);
+  plan.offload = true;
+  const PlanEstimate off = estimate_plan(m, c, 64, plan);
+  ASSERT_TRUE(off.rejected.empty()) << off.rejected;
+  const double p = static_cast<double>(m.parameters()) - static_cast<double>(m.learned_positions * m.hidden);
+  EXPECT_NEAR(off.host_bytes / (14 * p / 8), 1, 1e-3);
+  EXPECT_NEAR(off.param_bytes / (2 * p / 8), 1, 1e-3);
+  EXPECT_EQ(off.grad_bytes, 0);
+  EXPECT_EQ(off.optimizer_bytes, 0);
+  EXPECT_EQ(kept.host_bytes, 0);
+  EXPECT_LT(off.memory_bytes, kept.memory_bytes);
+  EXPECT_GE(off.step_seconds, kept.step_seconds);  // PCIe and the host's bandwidth are slower
+  // The host's optimizer step reads and writes its bytes at the host's bandwidth.
+  EXPECT_NEAR(off.optimizer_seconds / (off.host_bytes * 2 / c.host_memory_bandwidth), 1, 1e-9);
+  ParallelPlan zero1 = plan_of(8, 1, 1, 1, 64);
+  zero1.offload = true;
+  EXPECT_NE(estimate_plan(m, c, 64, zero1).rejected.find("offload needs ZeRO-2 or 3"), std::string::npos);
+  ClusterSpec hostless = c;
+  hostless.host_bandwidth = 0;
+  EXPECT_NE(estimate_plan(m, hostless, 64, plan).rejected.find("no host"), std::string::npos);
+  hostless.host_bandwidth = c.host_bandwidth;
+  hostless.host_memory_bytes = 1e6;
+  const PlanEstimate full_host = estimate_plan(m, hostless, 64, plan);
+  EXPECT_FALSE(full_host.fits);
+  EXPECT_NE(full_host.rejected.find("host memory"), std::string::npos) << full_host.rejected;
 }
 
 TEST(Plan, InvalidPlansAndInputsAreRejectedWithReasons) {

@@ -17,7 +17,9 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   parallel::ModelSpec m = parallel::ModelSpec::gpt(config.layers, config.dim, config.heads, seq, config.vocab);
   m.name = "models::GPT";
   const bool swiglu = config.activation == nn::Activation::SwiGlu;
-  m.ffn_hidden = config.mlp_hidden > 0 ? config.mlp_hidden : 4 * config.dim;
+  m.ffn_hidden = config.moe_experts > 0 && config.moe_hidden > 0 ? config.moe_hidden
+                 : config.mlp_hidden > 0                         ? config.mlp_hidden
+                                                                 : 4 * config.dim;
   m.gated_mlp = swiglu;
   m.tied_embeddings = config.tie_weights;
   m.linear_biases = config.bias;
@@ -33,9 +35,12 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   // Each block's norms (scale, and shift for LayerNorm with biases), q, k, v, the output
   // projection and the MLP's matrices (three with SwiGLU), with biases; outside, the
   // token and position tables, the final norm and an untied output matrix.
+  // A mixture of experts' MLP is the router and the experts' stacked matrices, without
+  // biases.
   const int64_t norm_tensors = config.rms_norm || !config.bias ? 1 : 2;
-  const int64_t matrices = 4 + (swiglu ? 3 : 2);
-  m.tensors_per_layer = 2 * norm_tensors + matrices * (config.bias ? 2 : 1);
+  const int64_t mlp_matrices = swiglu ? 3 : 2;
+  m.tensors_per_layer = 2 * norm_tensors + 4 * (config.bias ? 2 : 1) +
+                        (config.moe_experts > 0 ? 1 + mlp_matrices : mlp_matrices * (config.bias ? 2 : 1));
   m.tensors_outside_layers = 2 + norm_tensors + (config.tie_weights ? 0 : 1);
   parallel::MemorySpec& mem = m.memory;
   mem.hidden = 4;        // the block's input, norm1's output, the residual sum, norm2's output
@@ -54,6 +59,23 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   mem.backward_hidden = swiglu ? 1 : 0;
   mem.backward_frees_logits = true;
   mem.gradients_persist = false;
+  // FSDP shards over the 'dp' mesh dim only; cp and ep hold replicas (HSDP's way).
+  mem.zero_over_cp_and_ep = false;
+  // Under context parallelism the ring attention's output (an FP32 accumulator, heads
+  // major) is copied into the tokens' order for the output projection, which keeps it.
+  mem.cp_split = 1;
+  if (config.moe_experts > 0) {
+    // nn::MoE keeps per routed copy the dispatched rows and the experts' output (width
+    // hidden) and the experts' pre-activation and activation (ffn_split); per token the
+    // router's probabilities and the chosen one-hot (FP32, per expert: 1 + k), the raw
+    // and normalised gates and their sum (2k + 1) and two int64 index tables per copy
+    // (4k FP32's worth), two more under expert parallelism.
+    const auto k = static_cast<double>(config.moe_top_k);
+    mem.moe_hidden = 2;
+    mem.moe_router = 1 + k;
+    mem.moe_scalars = 6 * k + 1;
+    mem.moe_ep_scalars = 4 * k;
+  }
   return m;
 }
 

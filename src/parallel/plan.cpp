@@ -92,12 +92,16 @@ int64_t mlp_matrices(const ModelSpec& m) { return (m.gated_mlp ? 3 : 2) * m.hidd
 int64_t ModelSpec::layer_parameters() const {
   const int64_t mlps = experts > 0 ? experts : 1;
   const int64_t kv = kv_heads > 0 ? kv_heads : heads;
-  // Biases: q, k, v and the output projection's; the MLP's hidden ones and its output's.
+  // Biases: q, k, v and the output projection's; a dense MLP's hidden ones and its
+  // output's (experts have none).
   const int64_t biases =
-      linear_biases ? 2 * hidden + 2 * (hidden / heads) * kv + mlps * ((gated_mlp ? 2 : 1) * ffn() + hidden) : 0;
+      linear_biases ? 2 * hidden + 2 * (hidden / heads) * kv + (experts > 0 ? 0 : (gated_mlp ? 2 : 1) * ffn() + hidden)
+                    : 0;
   return attention_matrices(*this) + mlps * mlp_matrices(*this) + (experts > 0 ? hidden * experts : 0) + biases +
          4 * hidden;  // two norms with biases
 }
+
+int64_t ModelSpec::layer_expert_parameters() const { return experts * mlp_matrices(*this); }
 
 int64_t ModelSpec::parameters() const {
   return layers * layer_parameters() + vocab * hidden * (tied_embeddings ? 1 : 2) + learned_positions * hidden +
@@ -139,6 +143,12 @@ ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {
     c.inter_bandwidth = hopper ? 50e9 : 25e9;  // one 400 / 200 Gb/s NIC per GPU
     c.inter_latency = 6e-6;
     c.memory_bandwidth = name == "h200" ? 4.8e12 : hopper ? 3.35e12 : 2.0e12;
+    // The host, per GPU (8 share it): PCIe 4 / 5 x16 (about 25 / 50 GB/s one way), two
+    // EPYC 7742 (16 channels of DDR4-3200, 410 GB/s) or Xeon 8480C (16 of DDR5-4800,
+    // 614 GB/s) and 2 TB of memory.
+    c.host_bandwidth = hopper ? 50e9 : 25e9;
+    c.host_memory_bandwidth = (hopper ? 614e9 : 410e9) / 8;
+    c.host_memory_bytes = 2e12 / 8;
     c.bytes_per_value = 2;
     return c;
   }
@@ -154,6 +164,9 @@ ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {
     c.intra_bandwidth = c.inter_bandwidth = threads.bandwidth_bytes_per_s;
     c.intra_latency = c.inter_latency = threads.latency_s;
     c.memory_bandwidth = threads.local_bandwidth_bytes_per_s;
+    // The host is the same memory (offload's copies are copies within it).
+    c.host_bandwidth = c.host_memory_bandwidth = c.memory_bandwidth;
+    c.host_memory_bytes = c.memory_bytes;
     c.overlap_communication = false;
     c.bytes_per_value = 4;
     return c;
@@ -175,6 +188,9 @@ void ClusterSpec::validate() const {
                "': expected positive memory, peak FLOP/s, bandwidths and a GEMM efficiency in (0, 1]");
   DT_CHECK_ARG(bytes_per_value == 2 || bytes_per_value == 4, kOp, "expected 2 or 4 bytes per value, got ",
                bytes_per_value);
+  DT_CHECK_ARG(host_bandwidth >= 0 && host_memory_bandwidth >= 0 && host_memory_bytes >= 0, kOp, "cluster '", name,
+               "': expected non-negative host bandwidths and memory (0: no host to offload to), got ", host_bandwidth,
+               ", ", host_memory_bandwidth, " and ", host_memory_bytes);
   DT_CHECK_ARG(op_seconds >= 0 && tp_op_seconds >= 0 && optimizer_tensor_seconds >= 0 && fsdp_collective_seconds >= 0,
                kOp, "cluster '", name,
                "': expected non-negative host times per op, parameter tensor and FSDP collective, got ", op_seconds,
@@ -188,8 +204,12 @@ std::string ParallelPlan::to_string() const {
   static const char* const schedules[] = {"gpipe", "1f1b", "interleaved"};
   static const char* const recomputes[] = {"none", "selective", "full"};
   std::ostringstream os;
-  os << "dp=" << dp << " tp=" << tp << " pp=" << pp << " zero=" << zero << " micro-batch=" << micro_batch
-     << " micro-batches=" << micro_batches;
+  os << "dp=" << dp << " tp=" << tp << " pp=" << pp;
+  if (cp > 1) os << " cp=" << cp;
+  if (ep > 1) os << " ep=" << ep;
+  os << " zero=" << zero;
+  if (offload) os << " offload";
+  os << " micro-batch=" << micro_batch << " micro-batches=" << micro_batches;
   if (pp > 1) os << " schedule=" << schedules[static_cast<int>(schedule)];
   if (schedule == PlanSchedule::Interleaved) os << " v=" << virtual_stages;
   os << " recompute=" << recomputes[static_cast<int>(recompute)];
@@ -205,13 +225,18 @@ std::string PlanEstimate::to_string() const {
   if (!fits) os << "(does not fit: " << rejected << ") ";
   os << "step " << step_seconds << " s (compute " << compute_seconds;
   if (overhead_seconds > 0) os << " with dispatch " << overhead_seconds;
-  os << ", tp " << tp_seconds << ", pp " << pp_seconds << ", bubble " << bubble_seconds << ", dp " << dp_seconds
-     << ", optimizer " << optimizer_seconds << "), MFU " << mfu * 100 << "%, " << hardware_flops_per_device / 1e12
+  os << ", tp " << tp_seconds;
+  if (cp_seconds > 0) os << ", cp " << cp_seconds;
+  if (ep_seconds > 0) os << ", ep " << ep_seconds;
+  os << ", pp " << pp_seconds << ", bubble " << bubble_seconds << ", dp " << dp_seconds;
+  if (offload_seconds > 0) os << ", offload " << offload_seconds;
+  os << ", optimizer " << optimizer_seconds << "), MFU " << mfu * 100 << "%, " << hardware_flops_per_device / 1e12
      << " TFLOP/s per device, memory " << gigabytes(memory_bytes) << " (parameters " << gigabytes(param_bytes)
      << ", gradients " << gigabytes(grad_bytes) << ", optimizer " << gigabytes(optimizer_bytes) << ", activations "
      << gigabytes(activation_bytes);
   if (working_set_bytes > 0) os << ", gathered " << gigabytes(working_set_bytes);
   os << ")";
+  if (host_bytes > 0) os << ", host " << gigabytes(host_bytes);
   return os.str();
 }
 
@@ -227,11 +252,16 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     return e;
   };
   std::ostringstream why;
-  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.dp * p.tp * p.pp != cluster.devices) {
-    why << "dp x tp x pp = " << p.dp * p.tp * p.pp << ", not the " << cluster.devices << " devices";
+  if (p.dp < 1 || p.tp < 1 || p.pp < 1 || p.cp < 1 || p.dp * p.cp * p.tp * p.pp != cluster.devices) {
+    why << "dp x cp x tp x pp = " << p.dp * p.cp * p.tp * p.pp << ", not the " << cluster.devices << " devices";
     return reject(why.str());
   }
   if (model.heads % p.tp != 0) return reject("tp does not divide the " + std::to_string(model.heads) + " heads");
+  if (model.seq % p.cp != 0) return reject("cp does not divide the sequence of " + std::to_string(model.seq));
+  if (p.ep < 1 || p.dp % p.ep != 0 || (p.ep > 1 && (model.experts == 0 || model.experts % p.ep != 0))) {
+    why << "ep " << p.ep << " must divide dp (" << p.dp << ") and the experts (" << model.experts << ")";
+    return reject(why.str());
+  }
   const int64_t v = p.schedule == PlanSchedule::Interleaved ? p.virtual_stages : 1;
   if (v < 1 || model.layers < p.pp * v) {
     return reject("fewer layers (" + std::to_string(model.layers) + ") than pp x virtual stages");
@@ -249,12 +279,16 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     return reject("ZeRO-2/3 with pipeline stages would reduce (and gather) gradients every micro-batch");
   }
   if (p.sequence_parallel && p.tp == 1) return reject("sequence parallelism needs tp > 1");
+  if (p.offload && p.zero < 2) return reject("offload needs ZeRO-2 or 3 (the optimizer steps on the host's shards)");
+  if (p.offload && (cluster.host_bandwidth <= 0 || cluster.host_memory_bandwidth <= 0)) {
+    return reject("offload needs a host: cluster '" + cluster.name + "' has no host bandwidths");
+  }
 
   const double s = static_cast<double>(model.seq), h = static_cast<double>(model.hidden),
                a = static_cast<double>(model.heads), t = static_cast<double>(p.tp),
                b = static_cast<double>(p.micro_batch), m = static_cast<double>(p.micro_batches),
-               pp = static_cast<double>(p.pp), dp = static_cast<double>(p.dp),
-               bpv = static_cast<double>(cluster.bytes_per_value);
+               pp = static_cast<double>(p.pp), dp = static_cast<double>(p.dp), cp = static_cast<double>(p.cp),
+               ep = static_cast<double>(p.ep), bpv = static_cast<double>(cluster.bytes_per_value);
   // Stages take whole layers; where pp x v does not divide them, the heaviest stage
   // (ceil) sets the pace and holds the most.
   const int64_t chunks = p.pp * v;
@@ -265,7 +299,13 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const MemorySpec& ms = model.memory;
   const double f = static_cast<double>(model.ffn()), vocab = static_cast<double>(model.vocab);
   const double vh = vocab * h / t;
-  const double layer_params = layers_per_stage * static_cast<double>(model.layer_parameters()) / t;
+  // A block's parameters on a device: the dense ones split by tp, the experts' by tp
+  // (each expert's hidden dim) and ep.
+  const double expert_layer = static_cast<double>(model.layer_expert_parameters());
+  const double dense_layer = static_cast<double>(model.layer_parameters()) - expert_layer;
+  const double device_layer = dense_layer / t + expert_layer / (t * ep);
+  const double layer_params = layers_per_stage * device_layer;
+  const double expert_params = layers_per_stage * expert_layer / (t * ep);
   // The embedding (and learned positions) on the first stage; the output layer (its
   // own, or the tied table's copy) on the last; both on a single stage (once when tied).
   const double positions = static_cast<double>(model.learned_positions) * h;
@@ -276,16 +316,48 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // own: a master copy again.
   const double param_b = bpv, grad_b = p.fp32_gradients ? 4 : bpv, optim_b = bpv == 2 ? 12 : 8;
   const double master_b = bpv == 4 && (p.zero == 1 || p.zero == 2) ? 4 : 0;
-  // Activations of one layer and micro-batch. Whole on each tensor-parallel rank, or
-  // split with sequence parallelism; the split ones by tp.
-  const double tokens = s * b, whole = p.sequence_parallel ? t : 1;
+  // The ZeRO groups the dense parameters and the experts are sharded over, and the
+  // data-parallel groups their gradients are reduced over.
+  const double dense_reduce = dp * cp, expert_reduce = dp * cp / ep;
+  const double dense_shard = model.memory.zero_over_cp_and_ep ? dense_reduce : dp / ep;
+  const double expert_shard = model.memory.zero_over_cp_and_ep ? expert_reduce : dp / ep;
+  // Bytes per parameter on the device and the host under a ZeRO group of z. With
+  // offload the device keeps the parameters in the training dtype (stage 3 its shard;
+  // stage 2 the gathered copy) and the host the master shard (FP32 training: the
+  // parameter itself), the optimizer's state and the reduced gradients' shard.
+  struct PerParameter {
+    double params = 0, grads = 0, optimizer = 0, host = 0;
+  };
+  auto per_parameter = [&](double z) {
+    PerParameter x;
+    if (p.offload) {
+      x.params = param_b / (p.zero == 3 ? z : 1);
+      x.host = (optim_b + (bpv == 4 ? 4 : 0) + grad_b) / z;
+      return x;
+    }
+    x.params = param_b / (p.zero == 3 ? z : 1) + master_b / z;
+    x.grads = grad_b / (p.zero >= 2 ? z : 1);
+    x.optimizer = optim_b / (p.zero >= 1 ? z : 1);
+    return x;
+  };
+  const PerParameter dense_b = per_parameter(dense_shard), expert_b = per_parameter(expert_shard);
+  // Activations of one layer and micro-batch on a device: its tokens (the sequence
+  // split by cp), whole on each tensor-parallel rank or split with sequence
+  // parallelism; the split ones by tp.
+  const double tokens = s * b / cp, whole = p.sequence_parallel ? t : 1;
   const bool flash = model.flash_attention;
+  const double hd = h / a, kv = static_cast<double>(model.kv_heads > 0 ? model.kv_heads : model.heads);
+  const bool moe = model.experts > 0;
+  const double copies = moe ? static_cast<double>(model.top_k) : 1;  // of each token in the MLP
+  const double experts = static_cast<double>(std::max<int64_t>(model.experts, 1));
   auto layer_activations = [&](bool scores) {
     const double kept_whole = p.sequence_parallel ? std::min(ms.sp_gathered, ms.hidden) : 0;
-    return tokens *
-           (bpv * ((ms.hidden - kept_whole) * h / whole + kept_whole * h +
-                   (ms.hidden_split * h + ms.ffn_split * f) / t + (scores && !flash ? ms.scores * a * s / t : 0)) +
-            4 * ((flash ? ms.per_head * a / t : 0) + ms.scalars / whole));
+    const double moe_values = moe ? copies * ms.moe_hidden * h : 0;
+    return tokens * (bpv * ((ms.hidden - kept_whole) * h / whole + kept_whole * h +
+                            (ms.hidden_split * h + copies * ms.ffn_split * f) / t + moe_values +
+                            (p.cp > 1 ? ms.cp_split * h / t : 0) + (scores && !flash ? ms.scores * a * s / t : 0)) +
+                     4 * ((flash ? ms.per_head * a / t : 0) + ms.scalars / whole +
+                          (moe ? ms.moe_router * experts + ms.moe_scalars + (p.ep > 1 ? ms.moe_ep_scalars : 0) : 0)));
   };
   double per_layer = 0;
   switch (p.recompute) {
@@ -303,34 +375,34 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double rebuilt = p.recompute == Recompute::Full ? layer_activations(true) : 0;
   const double embedded = tokens * bpv * ms.outside_hidden * h / whole;
   const double logits_bytes = tokens * (4 * ms.logits * vocab / t + 4 * ms.outside_scalars / whole);
-  const double transient = tokens * bpv * (ms.backward_ffn * f + ms.backward_hidden * h) / t;
+  const double transient = tokens * bpv * (copies * ms.backward_ffn * f + ms.backward_hidden * h) / t;
   // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
   const double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
   // The gradients alive at backward's start: all of them where they persist (a buffer,
   // ZeRO-1's full one, or accumulation over micro-batches); else the output layer's
   // and the last block's MLP's. ZeRO-2/3 keep shards, and a module's full gradients
   // until its reduce-scatter: the output layer's and the last block's.
-  const double mlps = model.experts > 0 ? static_cast<double>(model.experts) : 1;
+  const double mlps = moe ? experts / ep : 1;
   const double last_mlp = mlps * static_cast<double>(mlp_matrices(model)) / t;
   // Accumulating over micro-batches keeps the gradients made by the first; so does
   // 1F1B's steady state, which holds its most micro-batches with them. GPipe holds
   // its most at the first backward, before any gradient is made.
   const bool persist =
       ms.gradients_persist || p.zero == 1 || (m > 1 && (p.pp == 1 || p.schedule != PlanSchedule::GPipe));
-  const double layer_grads = static_cast<double>(model.layer_parameters()) / t * grad_b;
+  const double layer_grads = device_layer * grad_b;
   struct StageMemory {
-    double params, grads, optimizer, working_set, activations, transient, peak;
+    double params, grads, optimizer, host, working_set, activations, transient, peak;
   };
   auto stage = [&](double parameters, double flight, bool head) {
     StageMemory mem{};
-    mem.params = parameters * (param_b / (p.zero == 3 ? dp : 1) + master_b / dp);
-    mem.grads = parameters * grad_b / (p.zero >= 2 ? dp : 1);
-    mem.optimizer = parameters * optim_b / (p.zero >= 1 ? dp : 1);
+    const double dense = parameters - expert_params;
+    mem.params = dense * dense_b.params + expert_params * expert_b.params;
+    mem.grads = dense * dense_b.grads + expert_params * expert_b.grads;
+    mem.optimizer = dense * dense_b.optimizer + expert_params * expert_b.optimizer;
+    mem.host = dense * dense_b.host + expert_params * expert_b.host;
     // ZeRO-3 gathers a layer while computing the one before (two at once), and keeps
     // the layers outside the blocks (embedding, output layer) gathered.
-    if (p.zero == 3) {
-      mem.working_set = (2 * static_cast<double>(model.layer_parameters()) / t + parameters - layer_params) * param_b;
-    }
+    if (p.zero == 3) mem.working_set = (2 * device_layer + parameters - layer_params) * param_b;
     const double boundary = p.pp > 1 && !head ? tokens * bpv * ms.pipeline_hidden * h / t * flight : 0;
     mem.activations = per_layer * layers_per_stage * flight + rebuilt + embedded * flight + boundary +
                       (head ? logits_bytes * (p.pp == 1 ? flight : last_in_flight) : 0);
@@ -338,7 +410,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     // Gradients made by backward and not yet packed or reduced: the output layer's and
     // the last block's MLP's (ZeRO-2/3: the whole block's, packed for its
     // reduce-scatter); ZeRO-1 packs them into its kept buffer, ZeRO-2/3 keep shards
-    // made during backward.
+    // made during backward (with offload, on the host).
     const double module_grads = (head ? vh * grad_b : 0) + (p.zero >= 2 ? layer_grads : last_mlp * grad_b);
     const double grads_start = p.zero == 1   ? mem.grads + module_grads
                                : p.zero >= 2 ? module_grads
@@ -362,6 +434,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   e.param_bytes = most.params;
   e.grad_bytes = most.grads;
   e.optimizer_bytes = most.optimizer;
+  e.host_bytes = std::max(first.host, last.host);
   e.working_set_bytes = most.working_set;
   e.activation_bytes = most.activations;
   e.transient_bytes = most.transient;
@@ -369,6 +442,11 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double stage_params = std::max(first_params, last_params);
   if (e.memory_bytes > cluster.memory_bytes) {
     why << "needs " << gigabytes(e.memory_bytes) << " per device, has " << gigabytes(cluster.memory_bytes);
+    e.rejected = why.str();
+    e.fits = false;
+  } else if (p.offload && cluster.host_memory_bytes > 0 && e.host_bytes > cluster.host_memory_bytes) {
+    why << "needs " << gigabytes(e.host_bytes) << " of host memory per device, has "
+        << gigabytes(cluster.host_memory_bytes);
     e.rejected = why.str();
     e.fits = false;
   }
@@ -391,19 +469,21 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     const double rate = cluster.peak_flops * cluster.gemm_efficiency / (1 + d0 * (1 / rows + 1 / cols + 1 / depth));
     return 2 * rows * cols * depth / rate;
   };
-  const double hd = h / a, kv = static_cast<double>(model.kv_heads > 0 ? model.kv_heads : model.heads);
-  const double experts = static_cast<double>(std::max<int64_t>(model.experts, 1));
-  const double routed = tokens * static_cast<double>(model.experts > 0 ? model.top_k : 1) / experts;
+  // The experts on a device and the rows each gets: the tokens of the ep ranks routed
+  // top_k times, spread evenly over the experts.
+  const double local_experts = experts / ep;
+  const double routed = tokens * copies * ep / experts;
   // One layer's forward GEMMs on one micro-batch: q, k, v; the output projection; the
   // MLP's (each expert on the tokens routed to it) and the router; attention's scores
-  // and weighted sum per head.
+  // and weighted sum per head, with context parallelism block by block (the local
+  // queries against each of the cp ranks' keys in turn).
   const double qkv = model.fused_qkv ? gemm_seconds_of(tokens, (h + 2 * kv * hd) / t, h)
                                      : gemm_seconds_of(tokens, h / t, h) + 2 * gemm_seconds_of(tokens, kv * hd / t, h);
-  const double layer_dense =
-      qkv + gemm_seconds_of(tokens, h, h / t) +
-      experts * ((model.gated_mlp ? 2 : 1) * gemm_seconds_of(routed, f / t, h) + gemm_seconds_of(routed, h, f / t)) +
-      (model.experts > 0 ? gemm_seconds_of(tokens, experts, h) : 0);
-  const double layer_attention = b * a / t * 2 * gemm_seconds_of(s, s, hd);
+  const double layer_dense = qkv + gemm_seconds_of(tokens, h, h / t) +
+                             local_experts * ((model.gated_mlp ? 2 : 1) * gemm_seconds_of(routed, f / t, h) +
+                                              gemm_seconds_of(routed, h, f / t)) +
+                             (moe ? gemm_seconds_of(tokens, experts, h) : 0);
+  const double layer_attention = b * a / t * cp * 2 * gemm_seconds_of(s / cp, s / cp, hd);
   const double dense_passes = full ? 4 : 3;
   const double attention_passes = full || p.recompute == Recompute::Selective ? 4 : 3;
   // The output layer's GEMMs (forward and backward, never recomputed) run on the last
@@ -426,36 +506,83 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                        (static_cast<double>(model.ops_per_layer) * layers_per_stage * (full ? 4.0 / 3 : 1) +
                         static_cast<double>(model.ops_outside_layers));
   e.compute_seconds = gemm_seconds + memory_seconds + e.overhead_seconds;
-  const bool tp_in_node = p.tp <= cluster.devices_per_node;
-  const CostModel tp_link = tp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
-                                       : link(cluster.inter_bandwidth, cluster.inter_latency);
+  // A group of ranks on one node's links, or across nodes once it outgrows one. Ranks
+  // are laid out tp innermost, then cp, ep (within dp), dp and pp (Megatron-Core's order).
+  auto link_for = [&](int64_t span) {
+    return span <= cluster.devices_per_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
+                                            : link(cluster.inter_bandwidth, cluster.inter_latency);
+  };
+  const CostModel tp_link = link_for(p.tp);
   // Per layer and micro-batch: two all-reduces (or reduce-scatter + all-gather pairs,
   // the same bytes) in forward, two in backward, two more when forward is recomputed.
   const double tp_calls = full ? 6 : 4;
-  const double activation_bytes = s * b * h * bpv;
+  const double activation_bytes = tokens * h * bpv;
   e.tp_seconds =
       p.tp > 1 ? m * layers_per_stage * tp_calls * tp_link.all_reduce(static_cast<int64_t>(activation_bytes), p.tp) : 0;
+  const double forward_passes = full ? 2 : 1;  // of a layer per micro-batch
+  if (p.cp > 1) {
+    // The ring: each attention's forward passes the keys and values on cp - 1 times,
+    // backward the keys and values cp - 1 times and their gradients cp times, each
+    // pass beside a block of the attention (with overlap, all but the first block's
+    // compute hides a pass).
+    const CostModel cp_link = link_for(p.tp * p.cp);
+    const double pass = cp_link.point_to_point(static_cast<int64_t>(2 * tokens * kv * hd / t * bpv), 1);
+    const double block = layer_attention / cp;  // one forward block; backward's are twice
+    auto exposed_passes = [&](double passes, double compute_per_pass) {
+      return cluster.overlap_communication ? passes * std::max(0.0, pass - compute_per_pass) : passes * pass;
+    };
+    e.cp_seconds =
+        m * layers_per_stage * (forward_passes * exposed_passes(cp - 1, block) + exposed_passes(2 * cp - 1, 2 * block));
+  }
+  if (moe && p.ep > 1) {
+    // Each MoE layer sends every routed copy of its tokens to its expert's rank and
+    // brings the result back (two all-to-alls per forward, two per backward), after an
+    // all-gather of the per-expert counts, on the critical path.
+    const CostModel ep_link = link_for(p.tp * p.cp * p.ep);
+    const double a2a = ep_link.all_to_all(static_cast<int64_t>(tokens * copies * h * bpv), p.ep);
+    const double counts = ep_link.all_gather(static_cast<int64_t>(8 * experts * ep), p.ep);
+    e.ep_seconds = m * layers_per_stage * (forward_passes * (2 * a2a + counts) + 2 * a2a);
+  }
   if (p.pp > 1) {
     // Stages on other nodes once a node is full of one stage's tensor-parallel ranks.
-    const bool pp_in_node = p.tp * p.pp <= cluster.devices_per_node;
-    const CostModel pp_link = pp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
-                                         : link(cluster.inter_bandwidth, cluster.inter_latency);
+    const CostModel pp_link = link_for(p.tp * p.cp * p.pp);
     // Each tensor-parallel rank sends its 1/t of the activation and the next stage's
     // ranks all-gather it over NVLink (Megatron's scatter/gather optimisation).
     const double sent = activation_bytes / t;
     e.pp_seconds = m * static_cast<double>(v) * 2 * pp_link.point_to_point(static_cast<int64_t>(sent), 1);
-    e.bubble_seconds = (pp - 1) / (static_cast<double>(v) * m) * (e.compute_seconds + e.tp_seconds);
+    e.bubble_seconds =
+        (pp - 1) / (static_cast<double>(v) * m) * (e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds);
   }
-  if (p.dp > 1) {
-    const bool dp_in_node = p.dp * p.tp * p.pp <= cluster.devices_per_node;
-    const CostModel dp_link = dp_in_node ? link(cluster.intra_bandwidth, cluster.intra_latency)
-                                         : link(cluster.inter_bandwidth, cluster.inter_latency);
-    const double grad_total = stage_params * grad_b, param_total = stage_params * param_b;
-    const int64_t n = p.dp;
-    // A micro-batch's forward is a third of its compute, its backward two thirds.
-    const double forward = e.compute_seconds / (3 * m), backward = 2 * forward;
-    auto exposed = [&](double comm, double compute) {
-      return cluster.overlap_communication ? std::max(0.0, comm - compute) : comm;
+  // A micro-batch's forward is a third of its compute, its backward two thirds.
+  const double forward = e.compute_seconds / (3 * m), backward = 2 * forward;
+  auto exposed = [&](double comm, double compute) {
+    return cluster.overlap_communication ? std::max(0.0, comm - compute) : comm;
+  };
+  if (p.dp * p.cp > 1) {
+    const CostModel dp_link = link_for(p.dp * p.cp * p.tp * p.pp);
+    const double dense_params = stage_params - expert_params;
+    // One collective over a group of n, or, where the ZeRO group z is smaller (the
+    // rest replicas, as HSDP), over z and then the shard's all-reduce over n / z.
+    auto reduce = [&](double bytes, double n, double z, bool scatter) {
+      if (n <= 1 || bytes <= 0) return 0.0;
+      if (!scatter) return dp_link.all_reduce(static_cast<int64_t>(bytes), static_cast<int64_t>(n));
+      return dp_link.reduce_scatter(static_cast<int64_t>(bytes), static_cast<int64_t>(z)) +
+             (n > z ? dp_link.all_reduce(static_cast<int64_t>(bytes / z), static_cast<int64_t>(n / z)) : 0);
+    };
+    // Without expert parallelism the experts share the dense parameters' groups and
+    // their collectives.
+    const bool one_group = p.ep == 1;
+    auto gradients = [&](bool scatter) {
+      if (one_group) return reduce(stage_params * grad_b, dense_reduce, dense_shard, scatter);
+      return reduce(dense_params * grad_b, dense_reduce, dense_shard, scatter) +
+             reduce(expert_params * grad_b, expert_reduce, expert_shard, scatter);
+    };
+    auto gather = [&]() {
+      auto one = [&](double bytes, double z) {
+        return z > 1 && bytes > 0 ? dp_link.all_gather(static_cast<int64_t>(bytes), static_cast<int64_t>(z)) : 0.0;
+      };
+      if (one_group) return one(stage_params * param_b, dense_shard);
+      return one(dense_params * param_b, dense_shard) + one(expert_params * param_b, expert_shard);
     };
     // Once a step, a model chunk's gradients are reduced as soon as its last backward
     // is done, and its updated parameters gathered as the next step's first forward
@@ -472,23 +599,19 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     };
     if (p.zero == 0) {
       // One all-reduce per step.
-      e.dp_seconds = exposed_by_chunk(dp_link.all_reduce(static_cast<int64_t>(grad_total), n), backward);
+      e.dp_seconds = exposed_by_chunk(gradients(false), backward);
     } else if (p.zero == 1) {
       // The gradients reduce-scattered (behind backward) and the updated parameters
       // all-gathered (behind the next forward), each once per step.
-      e.dp_seconds = exposed_by_chunk(dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward) +
-                     exposed_by_chunk(dp_link.all_gather(static_cast<int64_t>(param_total), n), forward);
+      e.dp_seconds = exposed_by_chunk(gradients(true), backward) + exposed_by_chunk(gather(), forward);
     } else if (p.zero == 2) {
       // Gradients reduce-scattered every micro-batch (behind its backward), the updated
       // parameters all-gathered once (behind the next step's first forward).
-      e.dp_seconds = m * exposed(dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward) +
-                     exposed(dp_link.all_gather(static_cast<int64_t>(param_total), n), forward);
+      e.dp_seconds = m * exposed(gradients(true), backward) + exposed(gather(), forward);
     } else {
       // Every micro-batch gathers the parameters for forward and again for backward,
       // and reduce-scatters the gradients.
-      const double gather = dp_link.all_gather(static_cast<int64_t>(param_total), n);
-      e.dp_seconds = m * (exposed(gather, forward) +
-                          exposed(gather + dp_link.reduce_scatter(static_cast<int64_t>(grad_total), n), backward));
+      e.dp_seconds = m * (exposed(gather(), forward) + exposed(gather() + gradients(true), backward));
     }
     if (!cluster.overlap_communication) {
       // Flat buffers, copied by the cores that compute: DDP packs the gradients into its
@@ -498,7 +621,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       // forward and backward).
       const double packs = p.zero == 0 ? 2 : p.zero == 1 ? 1 : m;
       const double unpacks = p.zero == 0 ? 0 : p.zero == 3 ? 2 * m : 1;
-      e.dp_seconds += (packs * grad_total + unpacks * param_total) / cluster.memory_bandwidth;
+      e.dp_seconds += (packs * stage_params * grad_b + unpacks * stage_params * param_b) / cluster.memory_bandwidth;
       // FSDP's units (each block, and the layers outside them): each of their gathers
       // and reduce-scatters (the unpacks and packs above) a collective with its host cost.
       if (p.zero > 0) {
@@ -507,14 +630,25 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       }
     }
   }
-  // The optimizer reads and writes its state, the gradients and the parameters once;
-  // on the host, each of the stage's parameter tensors costs its own ops besides.
+  if (p.offload) {
+    // Each micro-batch's reduced gradient shards go to the host behind its backward;
+    // the updated shards come back once a step, behind the first forward.
+    const double dense_params = stage_params - expert_params;
+    const double grad_shard = (dense_params / dense_shard + expert_params / expert_shard) * grad_b;
+    const double param_shard = (dense_params / dense_shard + expert_params / expert_shard) * param_b;
+    e.offload_seconds = m * exposed(grad_shard / cluster.host_bandwidth, backward) +
+                        exposed(param_shard / cluster.host_bandwidth, forward);
+  }
+  // The optimizer reads and writes its state, the gradients and the parameters once
+  // (with offload, the host's at its bandwidth); on the host, each of the stage's
+  // parameter tensors costs its own ops besides.
   e.optimizer_seconds =
-      (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 / cluster.memory_bandwidth +
+      (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * (p.offload ? 0 : 2) / cluster.memory_bandwidth +
+      (p.offload ? e.host_bytes * 2 / cluster.host_memory_bandwidth : 0) +
       cluster.optimizer_tensor_seconds * (static_cast<double>(model.tensors_per_layer) * layers_per_stage +
                                           static_cast<double>(model.tensors_outside_layers));
-  e.step_seconds =
-      e.compute_seconds + e.tp_seconds + e.pp_seconds + e.bubble_seconds + e.dp_seconds + e.optimizer_seconds;
+  e.step_seconds = e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds + e.pp_seconds + e.bubble_seconds +
+                   e.dp_seconds + e.offload_seconds + e.optimizer_seconds;
   const double devices = static_cast<double>(cluster.devices);
   e.hardware_flops_per_device = hardware_flops / e.step_seconds / devices;
   e.model_flops_per_device = model_flops / e.step_seconds / devices;
@@ -538,37 +672,64 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
   model.validate();
   cluster.validate();
   DT_CHECK_ARG(global_batch >= 1, kOp, "expected a global batch >= 1, got ", global_batch);
+  DT_CHECK_ARG(options.max_cp >= 1, kOp, "expected max_cp >= 1, got ", options.max_cp);
   PlanSearch out;
+  auto consider = [&](const ParallelPlan& plan) {
+    PlanEstimate e = estimate_plan(model, cluster, global_batch, plan);
+    const bool feasible = e.rejected.empty() || (!options.check_memory && !e.fits);
+    (feasible ? out.ranked : out.rejected).push_back(std::move(e));
+  };
   for (int64_t tp : divisors(cluster.devices)) {
     // Tensor parallel within a node, in groups that tile it.
     if (model.heads % tp != 0 || cluster.devices_per_node % tp != 0) continue;
     if (options.tp > 0 && tp != options.tp) continue;
-    for (int64_t pp : divisors(cluster.devices / tp)) {
-      if (options.pp > 0 ? pp != options.pp : model.layers % pp != 0) continue;
-      const int64_t dp = cluster.devices / (tp * pp);
-      if ((options.dp > 0 && dp != options.dp) || global_batch % dp != 0) continue;
-      for (int64_t b = 1; b <= options.max_micro_batch; b *= 2) {
-        if ((global_batch / dp) % b != 0) continue;
-        const int64_t m = global_batch / (dp * b);
-        std::vector<std::pair<PlanSchedule, int64_t>> schedules{{PlanSchedule::OneFOneB, 1}};
-        if (pp > 1) {
-          schedules.emplace_back(PlanSchedule::GPipe, 1);
-          for (int64_t v = 2; v <= options.max_virtual_stages && pp * v <= model.layers; ++v) {
-            if (options.pp == 0 && model.layers % (pp * v) != 0) continue;
-            schedules.emplace_back(PlanSchedule::Interleaved, v);
-          }
-        }
-        for (const auto& [schedule, v] : schedules) {
-          for (int zero = 0; zero <= (options.allow_zero3 ? 3 : 2); ++zero) {
-            if ((dp == 1 && zero > 0) || (options.zero >= 0 && zero != options.zero)) continue;
-            for (Recompute recompute : options.recompute) {
-              for (bool sp : {false, true}) {
-                if ((sp && tp == 1) || (options.sequence_parallel >= 0 && sp != (options.sequence_parallel == 1)))
-                  continue;
-                ParallelPlan plan{dp, tp, pp, zero, b, m, schedule, v, recompute, sp, options.fp32_gradients};
-                PlanEstimate e = estimate_plan(model, cluster, global_batch, plan);
-                const bool feasible = e.rejected.empty() || (!options.check_memory && !e.fits);
-                (feasible ? out.ranked : out.rejected).push_back(std::move(e));
+    for (int64_t cp : divisors(cluster.devices / tp)) {
+      if (options.cp > 0 ? cp != options.cp : cp > options.max_cp || model.seq % cp != 0) continue;
+      for (int64_t pp : divisors(cluster.devices / (tp * cp))) {
+        if (options.pp > 0 ? pp != options.pp : model.layers % pp != 0) continue;
+        const int64_t dp = cluster.devices / (tp * cp * pp);
+        if ((options.dp > 0 && dp != options.dp) || global_batch % dp != 0) continue;
+        for (int64_t ep : divisors(dp)) {
+          if (options.ep > 0 ? ep != options.ep : ep > 1 && (model.experts == 0 || model.experts % ep != 0)) continue;
+          for (int64_t b = 1; b <= options.max_micro_batch; b *= 2) {
+            if ((global_batch / dp) % b != 0) continue;
+            const int64_t m = global_batch / (dp * b);
+            std::vector<std::pair<PlanSchedule, int64_t>> schedules{{PlanSchedule::OneFOneB, 1}};
+            if (pp > 1) {
+              schedules.emplace_back(PlanSchedule::GPipe, 1);
+              for (int64_t v = 2; v <= options.max_virtual_stages && pp * v <= model.layers; ++v) {
+                if (options.pp == 0 && model.layers % (pp * v) != 0) continue;
+                schedules.emplace_back(PlanSchedule::Interleaved, v);
+              }
+            }
+            for (const auto& [schedule, v] : schedules) {
+              for (int zero = 0; zero <= (options.allow_zero3 ? 3 : 2); ++zero) {
+                if ((dp * cp == 1 && zero > 0) || (options.zero >= 0 && zero != options.zero)) continue;
+                for (bool offload : {false, true}) {
+                  if ((offload && (zero < 2 || cluster.host_bandwidth <= 0)) ||
+                      (options.offload >= 0 && offload != (options.offload == 1)))
+                    continue;
+                  for (Recompute recompute : options.recompute) {
+                    for (bool sp : {false, true}) {
+                      if ((sp && tp == 1) || (options.sequence_parallel >= 0 && sp != (options.sequence_parallel == 1)))
+                        continue;
+                      consider(ParallelPlan{.dp = dp,
+                                            .tp = tp,
+                                            .pp = pp,
+                                            .cp = cp,
+                                            .ep = ep,
+                                            .zero = zero,
+                                            .micro_batch = b,
+                                            .micro_batches = m,
+                                            .schedule = schedule,
+                                            .virtual_stages = v,
+                                            .recompute = recompute,
+                                            .sequence_parallel = sp,
+                                            .fp32_gradients = options.fp32_gradients,
+                                            .offload = offload});
+                    }
+                  }
+                }
               }
             }
           }
@@ -605,7 +766,14 @@ std::vector<PublishedRun> published_runs() {
     run.cluster = ClusterSpec::preset("a100", r.gpus);
     run.global_batch = r.batch;
     const int64_t dp = r.gpus / (r.tp * r.pp);
-    run.plan = ParallelPlan{dp, r.tp, r.pp, 0, 1, r.batch / dp, PlanSchedule::OneFOneB, 1, Recompute::Full, false};
+    run.plan = ParallelPlan{.dp = dp,
+                            .tp = r.tp,
+                            .pp = r.pp,
+                            .zero = 0,
+                            .micro_batch = 1,
+                            .micro_batches = r.batch / dp,
+                            .schedule = PlanSchedule::OneFOneB,
+                            .recompute = Recompute::Full};
     run.tflops_per_device = r.tflops;
     // The 1T run used the interleaved schedule, its virtual stages not in the sources.
     run.tuned_schedule = r.pp == 64;
@@ -623,7 +791,16 @@ std::vector<PublishedRun> published_runs() {
     run.cluster = ClusterSpec::preset("h100", gpus);
     run.global_batch = 1152;
     const int64_t dp = gpus / 32;
-    run.plan = ParallelPlan{dp, 4, 8, 1, 1, 1152 / dp, PlanSchedule::OneFOneB, 1, Recompute::Selective, true, true};
+    run.plan = ParallelPlan{.dp = dp,
+                            .tp = 4,
+                            .pp = 8,
+                            .zero = 1,
+                            .micro_batch = 1,
+                            .micro_batches = 1152 / dp,
+                            .schedule = PlanSchedule::OneFOneB,
+                            .recompute = Recompute::Selective,
+                            .sequence_parallel = true,
+                            .fp32_gradients = true};
     run.tflops_per_device = mfu * run.cluster.peak_flops / 1e12;
     run.hardware = false;
     run.tuned_schedule = run.tuned_recipe = true;
@@ -644,7 +821,16 @@ std::vector<PublishedRun> published_runs() {
     run.global_batch = 2048;
     // The schedule's virtual stages and the micro-batch not in the sources (tuned; 126
     // layers over 16 stages: the heaviest stage sets the pace).
-    run.plan = ParallelPlan{dp, 8, 16, 1, 1, 2048 / dp, PlanSchedule::Interleaved, 2, Recompute::None, true};
+    run.plan = ParallelPlan{.dp = dp,
+                            .tp = 8,
+                            .pp = 16,
+                            .zero = 1,
+                            .micro_batch = 1,
+                            .micro_batches = 2048 / dp,
+                            .schedule = PlanSchedule::Interleaved,
+                            .virtual_stages = 2,
+                            .recompute = Recompute::None,
+                            .sequence_parallel = true};
     run.tflops_per_device = tflops;
     run.hardware = false;
     run.tuned_schedule = true;
@@ -663,6 +849,7 @@ PlanEstimate estimate_published(const PublishedRun& run) {
     options.zero = run.plan.zero;
     options.recompute = {run.plan.recompute};
     options.sequence_parallel = run.plan.sequence_parallel ? 1 : 0;
+    options.offload = run.plan.offload ? 1 : 0;
   }
   // The stand-in must fit in the memory model too: a run the model can only match with
   // a configuration it says does not fit is not reproduced.
@@ -670,6 +857,8 @@ PlanEstimate estimate_published(const PublishedRun& run) {
     options.dp = run.plan.dp;
     options.tp = run.plan.tp;
     options.pp = run.plan.pp;
+    options.cp = run.plan.cp;
+    options.ep = run.plan.ep;
   }
   options.fp32_gradients = run.plan.fp32_gradients;
   const PlanSearch found = search_plans(run.model, run.cluster, run.global_batch, options);

@@ -82,9 +82,28 @@ struct MemorySpec {
   // Per micro-batch in flight on a pipeline stage that sends on: values of width
   // hidden at the stage boundary (the output kept for backward, its send buffer).
   double pipeline_hidden = 0;
+  // A mixture-of-experts block (ModelSpec::experts > 0): `ffn_split` then counts per
+  // routed copy of a token (top_k of them), and the layer keeps besides, per routed
+  // copy, `moe_hidden` values of width hidden (the dispatched rows, the experts'
+  // output), and per token `moe_router` FP32 values per expert (the router's logits and
+  // probabilities) and `moe_scalars` FP32 values (gates, indices, positions), and
+  // `moe_ep_scalars` more under expert parallelism.
+  double moe_hidden = 0, moe_router = 0, moe_scalars = 0, moe_ep_scalars = 0;
+  // Context parallelism (ParallelPlan::cp > 1): values per local token of width hidden
+  // (split by tp) kept besides (dtensor's ring attention: its output, an FP32
+  // accumulator in heads-major order, copied into the tokens' order for the output
+  // projection).
+  double cp_split = 0;
   // Gradients live across steps in a buffer (Megatron's contiguous main_grad). False:
   // dropped after each optimizer step (set to none) and made again in backward.
   bool gradients_persist = true;
+  // What a ZeRO stage shards the dense parameters over: every data-parallel and
+  // context-parallel rank (Megatron-Core's distributed optimizer, TorchTitan), or only
+  // the data-parallel ranks that are not expert-parallel (dp / ep), the cp and ep ranks
+  // holding replicas whose shards are all-reduced (dtensor's parallelize_gpt: FSDP
+  // over its 'dp' mesh dim, as HSDP over the rest). The experts' ZeRO group is the
+  // same without the ep ranks (dp x cp / ep, or dp / ep).
+  bool zero_over_cp_and_ep = true;
 };
 
 // A decoder-only transformer (GPT, Llama).
@@ -95,7 +114,7 @@ struct ModelSpec {
   int64_t kv_heads = 0;    // 0: heads (fewer: grouped-query attention)
   bool gated_mlp = false;  // SwiGLU: three ffn matrices instead of two
   bool tied_embeddings = false;
-  bool linear_biases = false;      // the blocks' linear layers have biases (counted in the parameters)
+  bool linear_biases = false;      // the blocks' linear layers have biases (not the experts)
   bool fused_qkv = true;           // q, k and v in one GEMM (Megatron); false: three, each at its own shape
   int64_t learned_positions = 0;   // rows of a learned position table (0: rotary or none)
   int64_t experts = 0, top_k = 0;  // mixture of experts (0: dense)
@@ -121,6 +140,7 @@ struct ModelSpec {
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
   int64_t parameters() const;        // all of them
   int64_t layer_parameters() const;  // one block's (all experts)
+  int64_t layer_expert_parameters() const;  // of those, the experts' (split by expert parallelism; 0: dense)
   // Training FLOPs (forward + backward) of one sequence; with full recomputation the
   // layers' forward runs twice.
   double flops_per_sequence(bool full_recompute) const;
@@ -139,6 +159,10 @@ struct ClusterSpec {
   double intra_bandwidth = 0, intra_latency = 0;  // within a node (NVLink, shared memory)
   double inter_bandwidth = 0, inter_latency = 0;  // across nodes (InfiniBand)
   double memory_bandwidth = 0;                    // HBM or DRAM, for the optimizer step
+  // The host, for ZeRO-Offload (ParallelPlan::offload): the device-host link (PCIe),
+  // the host memory's bandwidth (the optimizer steps there) and its bytes, each per
+  // device (a node's host shared by its devices). 0: no host to offload to.
+  double host_bandwidth = 0, host_memory_bandwidth = 0, host_memory_bytes = 0;
   // Host time per dispatched op (ModelSpec::ops_per_layer), on the critical path when
   // kernels run on the host (a measured profile, machine_profile.h). 0 for the GPU
   // presets: launches queue behind the kernels.
@@ -175,6 +199,13 @@ enum class PlanSchedule { GPipe, OneFOneB, Interleaved };
 
 struct ParallelPlan {
   int64_t dp = 1, tp = 1, pp = 1;
+  // Context parallel: each sequence split over cp ranks (ring attention); the devices
+  // are dp x cp x tp x pp, and the gradients are reduced over dp x cp.
+  int64_t cp = 1;
+  // Expert parallel: each block's experts split over ep of the dp ranks (ep divides dp,
+  // as Megatron-Core and DeepSpeed carve it), the tokens sent to their experts' ranks
+  // by all-to-alls; the experts' gradients reduced over dp x cp / ep.
+  int64_t ep = 1;
   int zero = 0;               // 0: DDP (or Megatron's replicated optimizer), 1-3: ZeRO stage over dp
   int64_t micro_batch = 1;    // sequences per micro-batch
   int64_t micro_batches = 1;  // per step and data-parallel rank (pipeline m, or accumulation)
@@ -185,6 +216,10 @@ struct ParallelPlan {
   // FP32 gradients beside 16-bit parameters (Megatron-Core's main_grad): 18 bytes per
   // parameter instead of 16, and a data-parallel reduction of FP32.
   bool fp32_gradients = false;
+  // ZeRO-Offload (zero 2 or 3): the optimizer's state, the master shard and the
+  // reduced gradients' shard on the host, where the optimizer steps; the device keeps
+  // its shard of the parameters in the training dtype (stage 2: the gathered copy).
+  bool offload = false;
   std::string to_string() const;
 };
 
@@ -196,14 +231,19 @@ struct PlanEstimate {
   // transient_bytes: what backward adds at its peak (MemorySpec::backward_*).
   double param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0, activation_bytes = 0, working_set_bytes = 0,
          transient_bytes = 0;
+  // On the host with offload: the master shard, the optimizer state and the gradients.
+  double host_bytes = 0;
   // The peak: parameters, optimizer state and gathered working set, plus the larger of
   // backward's start (activations, transient, the gradients alive then) and its end
   // (every gradient).
   double memory_bytes = 0;
   // Seconds per step.
   // compute_seconds includes overhead_seconds, the ops' dispatch on the host.
-  double compute_seconds = 0, overhead_seconds = 0, tp_seconds = 0, pp_seconds = 0, bubble_seconds = 0, dp_seconds = 0,
-         optimizer_seconds = 0, step_seconds = 0;
+  // cp_seconds: the ring's key/value passes; ep_seconds: the experts' all-to-alls;
+  // offload_seconds: the device-host copies (the host's optimizer step is in
+  // optimizer_seconds).
+  double compute_seconds = 0, overhead_seconds = 0, tp_seconds = 0, cp_seconds = 0, ep_seconds = 0, pp_seconds = 0,
+         bubble_seconds = 0, dp_seconds = 0, offload_seconds = 0, optimizer_seconds = 0, step_seconds = 0;
   double model_flops_per_device = 0;     // per second, without recomputation (MFU's numerator)
   double hardware_flops_per_device = 0;  // per second, with it (Megatron's "TFLOP/s per GPU")
   double mfu = 0;
@@ -226,11 +266,15 @@ struct PlanSearchOptions {
   bool check_memory = true;
   bool fp32_gradients = false;  // every configuration's (ParallelPlan::fp32_gradients)
   // Fix a degree (0: searched). A fixed pp may leave stages uneven (the heaviest sets
-  // the pace); searched ones divide the layers, as Megatron requires.
-  int64_t dp = 0, tp = 0, pp = 0;
-  // Fix the recipe: a ZeRO stage (-1: searched) and sequence parallelism (-1: both).
+  // the pace); searched ones divide the layers, as Megatron requires. cp is searched up
+  // to max_cp; ep over the divisors of dp and of the experts (1 for a dense model).
+  int64_t dp = 0, tp = 0, pp = 0, cp = 0, ep = 0;
+  int64_t max_cp = 8;
+  // Fix the recipe: a ZeRO stage (-1: searched), sequence parallelism and offload (-1:
+  // both).
   int zero = -1;
   int sequence_parallel = -1;
+  int offload = -1;
 };
 
 struct PlanSearch {
@@ -238,8 +282,9 @@ struct PlanSearch {
   std::vector<PlanEstimate> rejected;  // with their reasons
 };
 
-// Every (dp, tp, pp, ZeRO stage, micro-batch, schedule, recompute, sequence parallel)
-// whose degrees divide the devices, heads, layers and batch.
+// Every (dp, tp, pp, cp, ep, ZeRO stage, offload, micro-batch, schedule, recompute,
+// sequence parallel) whose degrees divide the devices, heads, layers, sequence,
+// experts and batch.
 PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int64_t global_batch,
                         const PlanSearchOptions& options = {});
 
