@@ -47,6 +47,7 @@ LAYOUTS = [
     ("CP", "--mesh cp=2"),
     ("DDP x CP", "--mesh dp=2,cp=2"),
     ("CP x TP", "--mesh cp=2,tp=2"),
+    ("HSDP", "--mesh replicate=2,dp=2 --fsdp 3 --hsdp"),
     ("ZeRO-3 offload", "--mesh dp=2 --fsdp 3 --offload"),
     ("ZeRO-3 offload, 4 ranks", "--mesh dp=4 --fsdp 3 --offload"),
     ("MoE, DDP", "--mesh dp=2 --moe-experts 4 --moe-top-k 2"),

@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
           batch = 512, top = 10, experts = 0, top_k = 0;
   double memory_gb = 0;
   std::string source, calibrate_to, profile_path, backend = "threads";
-  int64_t ranks = 0, cp = 0, ep = 0, max_cp = 8;
+  int64_t ranks = 0, cp = 0, ep = 0, max_cp = 8, zero_shard = -1;
   std::string offload = "search";
   bool run_validation = false, show_rejected = false;
   app.add_option("--model", family, "gpt (GELU MLP, tied embeddings) or llama (SwiGLU, GQA, untied)")
@@ -100,6 +100,9 @@ int main(int argc, char** argv) {
   app.add_option("--cp", cp, "context-parallel degree (0: searched up to --max-cp)")->capture_default_str();
   app.add_option("--max-cp", max_cp, "the largest context-parallel degree searched")->capture_default_str();
   app.add_option("--ep", ep, "expert-parallel degree, of the dp ranks (0: searched for --experts)")
+      ->capture_default_str();
+  app.add_option("--zero-shard", zero_shard,
+                 "HSDP: ranks ZeRO shards over, the rest replicas (-1: searched, 0: the whole data-parallel group)")
       ->capture_default_str();
   app.add_option("--offload", offload, "ZeRO-Offload of the optimizer to the host: search, on or off")
       ->check(CLI::IsMember({"search", "on", "off"}))
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
     options.cp = cp;
     options.max_cp = max_cp;
     options.ep = ep;
+    options.zero_shard = zero_shard;
     options.offload = offload == "search" ? -1 : offload == "on" ? 1 : 0;
     const PlanSearch found = search_plans(model, cluster, batch, options);
     std::printf(

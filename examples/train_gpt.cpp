@@ -415,7 +415,6 @@ struct RunEstimate {
 RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   RunEstimate out;
   const std::pair<bool, const char*> unmodelled[] = {
-      {s.hsdp, "--hsdp"},
       {s.offload && s.offload_fraction < 1, "--offload-fraction below 1"},
       {s.delayed_update >= 0, "--delayed-update"},
       {config.moe_experts > 0 && (config.moe_capacity_factor > 0 || config.moe_shared_expert),
@@ -440,6 +439,7 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   plan.cp = s.mesh.size("cp");
   plan.ep = s.mesh.size("ep");
   plan.zero = static_cast<int>(s.fsdp);
+  plan.zero_shard = s.hsdp ? s.mesh.size("dp") : 0;  // the replicas all-reduce their shards
   plan.offload = s.offload;
   plan.micro_batches = s.schedule ? s.schedule->micro_batches : s.grad_accum;
   plan.micro_batch = s.batch / (s.dp * plan.micro_batches);
@@ -704,14 +704,20 @@ TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
     const parallel::ParallelPlan& p = found.ranked[i].plan;
     TrainConfig c = given;
     std::string mesh;
-    // The plan's dp counts the expert-parallel ranks among the data-parallel ones.
-    for (const auto& [name, size] :
-         {std::pair<const char*, int64_t>{"pp", p.pp}, {"dp", p.dp / p.ep}, {"cp", p.cp}, {"ep", p.ep}, {"tp", p.tp}}) {
+    // The plan's dp counts the expert-parallel ranks and HSDP's replicas among the
+    // data-parallel ones.
+    const int64_t shard = p.zero_shard > 0 ? p.zero_shard : p.dp / p.ep;
+    for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", p.pp},
+                                     {"replicate", p.dp / p.ep / shard},
+                                     {"dp", shard},
+                                     {"cp", p.cp},
+                                     {"ep", p.ep},
+                                     {"tp", p.tp}}) {
       if (size > 1) mesh += (mesh.empty() ? "" : ",") + std::string(name) + "=" + std::to_string(size);
     }
     c.mesh = mesh.empty() ? "dp=1" : mesh;
     c.fsdp = p.zero;
-    c.hsdp = false;
+    c.hsdp = p.zero_shard > 0;
     c.offload = p.offload;
     c.sequence_parallel = p.sequence_parallel;
     c.checkpoint_activations = p.recompute == parallel::Recompute::Full;
@@ -733,8 +739,9 @@ TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
         std::printf("  %zu. %s\n", j + 1, found.ranked[j].to_string().c_str());
       }
       if (!refused.empty()) std::printf("skipped:%s\n", refused.c_str());
-      std::printf("--plan auto chose #%zu: --mesh %s --fsdp %lld%s%s%s%s (%zu configurations fit, %zu rejected)\n",
-                  i + 1, c.mesh.c_str(), static_cast<long long>(c.fsdp), c.offload ? " --offload" : "",
+      std::printf("--plan auto chose #%zu: --mesh %s --fsdp %lld%s%s%s%s%s (%zu configurations fit, %zu rejected)\n",
+                  i + 1, c.mesh.c_str(), static_cast<long long>(c.fsdp), c.hsdp ? " --hsdp" : "",
+                  c.offload ? " --offload" : "",
                   c.grad_accum > 1 ? (" --grad-accum " + std::to_string(c.grad_accum)).c_str() : "",
                   p.pp > 1 ? (" --schedule " + c.schedule + " --microbatches " + std::to_string(c.microbatches) +
                               (c.virtual_stages > 1 ? " --virtual-stages " + std::to_string(c.virtual_stages) : ""))

@@ -317,8 +317,8 @@ TEST(Models, SpecCountsTheParameterTensors) {
 // The estimator (parallel/plan.h) with models::GPT's own memory description predicts
 // the allocator's peak per rank within 10% under DDP, ZeRO 1-3, TP (with sequence
 // parallelism), PP, their 3-D composition, accumulation and recomputation, context
-// parallelism, a mixture of experts with expert parallelism, and ZeRO-Offload (the
-// device's side).
+// parallelism, a mixture of experts with expert parallelism, ZeRO-Offload (the
+// device's side) and HSDP.
 TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
   models::GPTConfig config = testing::tiny_gpt(4);
   config.vocab = 32;
@@ -364,6 +364,15 @@ TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
       {"CP", {2}, {"cp"}, {}, with(plan(1, 1, 1, 0, 1), 2, 1, false)},
       {"DDP x CP", {2, 2}, {"dp", "cp"}, {}, with(plan(2, 1, 1, 0, 1), 2, 1, false)},
       {"ZeRO-3 offload", {2}, {"dp"}, {.fsdp = 3, .offload = true}, with(plan(2, 1, 1, 3, 1), 1, 1, true)},
+      {"HSDP",
+       {2, 2},
+       {"replicate", "dp"},
+       {.fsdp = 3, .hsdp = true},
+       [&] {
+         parallel::ParallelPlan p = plan(4, 1, 1, 3, 1);
+         p.zero_shard = 2;
+         return p;
+       }()},
       {"MoE, DDP", {2}, {"dp"}, {}, plan(2, 1, 1, 0, 1), false, 4},
       {"MoE, DP x EP", {2, 2}, {"dp", "ep"}, {}, with(plan(4, 1, 1, 0, 1), 1, 2, false), false, 4},
   };

@@ -438,6 +438,46 @@ TEST(Plan, OffloadMovesTheOptimizerToTheHost) {
   EXPECT_NE(full_host.rejected.find("host memory"), std::string::npos) << full_host.rejected;
 }
 
+// HSDP: ZeRO over groups of z ranks whose dp / z copies are replicas of each other:
+// ZeRO-3's 16 bytes per parameter (FP32 here) over z, and every micro-batch gathers
+// over z twice and reduce-scatters over z, then all-reduces the shard over the
+// replicas.
+TEST(Plan, HybridShardingShardsWithinGroupsAndAllReducesAcrossThem) {
+  const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  const ClusterSpec c = ClusterSpec::preset("cpu", 8);  // every collective on the step
+  const ParallelPlan full = plan_of(8, 1, 1, 3, 64);    // 8 micro-batches of 1
+  ParallelPlan hybrid = full;
+  hybrid.zero_shard = 4;
+  const PlanEstimate f = estimate_plan(m, c, 64, full), h = estimate_plan(m, c, 64, hybrid);
+  ASSERT_TRUE(h.rejected.empty()) << h.rejected;
+  EXPECT_NEAR((h.param_bytes + h.grad_bytes + h.optimizer_bytes) / (f.param_bytes + f.grad_bytes + f.optimizer_bytes),
+              2, 1e-9);
+  CostModel l;
+  l.bandwidth_bytes_per_s = c.intra_bandwidth;
+  l.latency_s = c.intra_latency;
+  const double bytes = (8 * static_cast<double>(m.layer_parameters()) + 32000.0 * 1024) * 4;
+  const auto b = static_cast<int64_t>(bytes);
+  const double over_eight = 2 * l.all_gather(b, 8) + l.reduce_scatter(b, 8);
+  const double over_four = 2 * l.all_gather(b, 4) + l.reduce_scatter(b, 4) + l.all_reduce(b / 4, 2);
+  EXPECT_NEAR((h.dp_seconds - f.dp_seconds) / (8 * (over_four - over_eight)), 1, 1e-6);
+  EXPECT_NE(h.plan.to_string().find("hsdp=4"), std::string::npos);
+  for (int64_t shard : {3, 8 * 2}) {
+    hybrid.zero_shard = shard;
+    EXPECT_NE(estimate_plan(m, c, 64, hybrid).rejected.find("HSDP's shard group"), std::string::npos) << shard;
+  }
+  ParallelPlan ddp = plan_of(8, 1, 1, 0, 64);
+  ddp.zero_shard = 4;
+  EXPECT_NE(estimate_plan(m, c, 64, ddp).rejected.find("needs a ZeRO stage"), std::string::npos);
+  // The search tries every proper divisor of the group for ZeRO stages.
+  PlanSearchOptions options;
+  options.tp = options.pp = options.cp = 1;
+  options.zero = 3;
+  options.offload = 0;
+  std::set<int64_t> shards;
+  for (const PlanEstimate& e : search_plans(m, c, 64, options).ranked) shards.insert(e.plan.zero_shard);
+  EXPECT_EQ(shards, (std::set<int64_t>{0, 2, 4}));
+}
+
 TEST(Plan, InvalidPlansAndInputsAreRejectedWithReasons) {
   const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
   const ClusterSpec c = ClusterSpec::preset("h100", 8);

@@ -208,6 +208,7 @@ std::string ParallelPlan::to_string() const {
   if (cp > 1) os << " cp=" << cp;
   if (ep > 1) os << " ep=" << ep;
   os << " zero=" << zero;
+  if (zero_shard > 0) os << " hsdp=" << zero_shard;
   if (offload) os << " offload";
   os << " micro-batch=" << micro_batch << " micro-batches=" << micro_batches;
   if (pp > 1) os << " schedule=" << schedules[static_cast<int>(schedule)];
@@ -280,6 +281,14 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   }
   if (p.sequence_parallel && p.tp == 1) return reject("sequence parallelism needs tp > 1");
   if (p.offload && p.zero < 2) return reject("offload needs ZeRO-2 or 3 (the optimizer steps on the host's shards)");
+  if (p.zero_shard != 0) {
+    const int64_t group = model.memory.zero_over_cp_and_ep ? p.dp * p.cp : p.dp / p.ep;
+    if (p.zero == 0 || p.ep > 1 || p.zero_shard < 1 || group % p.zero_shard != 0) {
+      why << "HSDP's shard group " << p.zero_shard << " needs a ZeRO stage, no expert parallelism and to divide the "
+          << group << " ranks ZeRO shards over";
+      return reject(why.str());
+    }
+  }
   if (p.offload && (cluster.host_bandwidth <= 0 || cluster.host_memory_bandwidth <= 0)) {
     return reject("offload needs a host: cluster '" + cluster.name + "' has no host bandwidths");
   }
@@ -319,7 +328,11 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // The ZeRO groups the dense parameters and the experts are sharded over, and the
   // data-parallel groups their gradients are reduced over.
   const double dense_reduce = dp * cp, expert_reduce = dp * cp / ep;
-  const double dense_shard = model.memory.zero_over_cp_and_ep ? dense_reduce : dp / ep;
+  // HSDP (zero_shard): a smaller group of the dense parameters' ZeRO group, its
+  // replicas all-reducing their shards.
+  const double dense_shard = p.zero_shard > 0                   ? static_cast<double>(p.zero_shard)
+                             : model.memory.zero_over_cp_and_ep ? dense_reduce
+                                                                : dp / ep;
   const double expert_shard = model.memory.zero_over_cp_and_ep ? expert_reduce : dp / ep;
   // Bytes per parameter on the device and the host under a ZeRO group of z. With
   // offload the device keeps the parameters in the training dtype (stage 3 its shard;
@@ -674,6 +687,35 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
   DT_CHECK_ARG(global_batch >= 1, kOp, "expected a global batch >= 1, got ", global_batch);
   DT_CHECK_ARG(options.max_cp >= 1, kOp, "expected max_cp >= 1, got ", options.max_cp);
   PlanSearch out;
+  // The ZeRO stages, each with its shard groups (HSDP) and offload, for dp x cp ranks.
+  struct ZeroRecipe {
+    int stage;
+    int64_t shard;
+    bool offload;
+  };
+  auto zero_recipes = [&](int64_t dp, int64_t cp, int64_t ep) {
+    std::vector<ZeroRecipe> recipes;
+    const int64_t group = model.memory.zero_over_cp_and_ep ? dp * cp : dp / ep;
+    for (int stage = 0; stage <= (options.allow_zero3 ? 3 : 2); ++stage) {
+      if ((dp * cp == 1 && stage > 0) || (options.zero >= 0 && stage != options.zero)) continue;
+      std::vector<int64_t> shards{0};
+      if (options.zero_shard > 0) shards = {options.zero_shard};
+      if (options.zero_shard < 0 && stage > 0 && ep == 1) {
+        for (int64_t d : divisors(group)) {
+          if (d > 1 && d < group) shards.push_back(d);
+        }
+      }
+      for (int64_t shard : shards) {
+        for (bool offload : {false, true}) {
+          if ((offload && (stage < 2 || cluster.host_bandwidth <= 0)) ||
+              (options.offload >= 0 && offload != (options.offload == 1)))
+            continue;
+          recipes.push_back({stage, shard, offload});
+        }
+      }
+    }
+    return recipes;
+  };
   auto consider = [&](const ParallelPlan& plan) {
     PlanEstimate e = estimate_plan(model, cluster, global_batch, plan);
     const bool feasible = e.rejected.empty() || (!options.check_memory && !e.fits);
@@ -703,31 +745,26 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
               }
             }
             for (const auto& [schedule, v] : schedules) {
-              for (int zero = 0; zero <= (options.allow_zero3 ? 3 : 2); ++zero) {
-                if ((dp * cp == 1 && zero > 0) || (options.zero >= 0 && zero != options.zero)) continue;
-                for (bool offload : {false, true}) {
-                  if ((offload && (zero < 2 || cluster.host_bandwidth <= 0)) ||
-                      (options.offload >= 0 && offload != (options.offload == 1)))
-                    continue;
-                  for (Recompute recompute : options.recompute) {
-                    for (bool sp : {false, true}) {
-                      if ((sp && tp == 1) || (options.sequence_parallel >= 0 && sp != (options.sequence_parallel == 1)))
-                        continue;
-                      consider(ParallelPlan{.dp = dp,
-                                            .tp = tp,
-                                            .pp = pp,
-                                            .cp = cp,
-                                            .ep = ep,
-                                            .zero = zero,
-                                            .micro_batch = b,
-                                            .micro_batches = m,
-                                            .schedule = schedule,
-                                            .virtual_stages = v,
-                                            .recompute = recompute,
-                                            .sequence_parallel = sp,
-                                            .fp32_gradients = options.fp32_gradients,
-                                            .offload = offload});
-                    }
+              for (const ZeroRecipe& z : zero_recipes(dp, cp, ep)) {
+                for (Recompute recompute : options.recompute) {
+                  for (bool sp : {false, true}) {
+                    if ((sp && tp == 1) || (options.sequence_parallel >= 0 && sp != (options.sequence_parallel == 1)))
+                      continue;
+                    consider(ParallelPlan{.dp = dp,
+                                          .tp = tp,
+                                          .pp = pp,
+                                          .cp = cp,
+                                          .ep = ep,
+                                          .zero = z.stage,
+                                          .zero_shard = z.shard,
+                                          .micro_batch = b,
+                                          .micro_batches = m,
+                                          .schedule = schedule,
+                                          .virtual_stages = v,
+                                          .recompute = recompute,
+                                          .sequence_parallel = sp,
+                                          .fp32_gradients = options.fp32_gradients,
+                                          .offload = z.offload});
                   }
                 }
               }
@@ -851,6 +888,8 @@ PlanEstimate estimate_published(const PublishedRun& run) {
     options.sequence_parallel = run.plan.sequence_parallel ? 1 : 0;
     options.offload = run.plan.offload ? 1 : 0;
   }
+  // Hybrid sharding as published (Megatron-Core's one distributed-optimizer instance).
+  options.zero_shard = run.plan.zero_shard;
   // The stand-in must fit in the memory model too: a run the model can only match with
   // a configuration it says does not fit is not reproduced.
   if (!run.tuned_degrees) {

@@ -207,6 +207,11 @@ struct ParallelPlan {
   // by all-to-alls; the experts' gradients reduced over dp x cp / ep.
   int64_t ep = 1;
   int zero = 0;               // 0: DDP (or Megatron's replicated optimizer), 1-3: ZeRO stage over dp
+  // HSDP (hybrid sharding, ZeRO++'s hpZ, Megatron's distributed optimizer instances):
+  // ZeRO shards over groups of this many ranks, and the groups, replicas of each
+  // other, all-reduce their reduced shards. 0: over the whole group (dp x cp, or
+  // dtensor's dp / ep, MemorySpec::zero_over_cp_and_ep). Not with expert parallelism.
+  int64_t zero_shard = 0;
   int64_t micro_batch = 1;    // sequences per micro-batch
   int64_t micro_batches = 1;  // per step and data-parallel rank (pipeline m, or accumulation)
   PlanSchedule schedule = PlanSchedule::OneFOneB;
@@ -275,6 +280,9 @@ struct PlanSearchOptions {
   int zero = -1;
   int sequence_parallel = -1;
   int offload = -1;
+  // HSDP's shard group (ParallelPlan::zero_shard): -1 searched over the divisors of
+  // the ZeRO group, else fixed (0: the whole group).
+  int64_t zero_shard = -1;
 };
 
 struct PlanSearch {
@@ -282,9 +290,9 @@ struct PlanSearch {
   std::vector<PlanEstimate> rejected;  // with their reasons
 };
 
-// Every (dp, tp, pp, cp, ep, ZeRO stage, offload, micro-batch, schedule, recompute,
-// sequence parallel) whose degrees divide the devices, heads, layers, sequence,
-// experts and batch.
+// Every (dp, tp, pp, cp, ep, ZeRO stage and its shard group, offload, micro-batch,
+// schedule, recompute, sequence parallel) whose degrees divide the devices, heads,
+// layers, sequence, experts and batch.
 PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int64_t global_batch,
                         const PlanSearchOptions& options = {});
 
