@@ -15,32 +15,6 @@ using Grads = std::vector<DistTensor>;
 
 namespace {
 
-// True when merging all dims but the last into one is free for t's layout: no
-// Partial (its reduction stays with the MoveMemo of the other product), and only the
-// outermost of those dims sharded, evenly (a shard of the merged dim is then the same
-// contiguous block of rows), so the reshape communicates nothing.
-bool flattens_for_free(const Placements& placements, const Shape& shape, const Shape& mesh_shape) {
-  int64_t shards_of_dim0 = 1;
-  const int64_t ndim = static_cast<int64_t>(shape.size());
-  for (size_t m = 0; m < placements.size(); ++m) {
-    const Placement& p = placements[m];
-    if (p.is_partial()) return false;
-    for (int64_t d = 1; d + 1 < ndim; ++d) {
-      if (p.is_shard(d)) return false;
-    }
-    if (p.is_shard(0)) shards_of_dim0 *= mesh_shape[m];
-  }
-  return shape[0] % shards_of_dim0 == 0;
-}
-
-// The same for t, whose path a planned step then keeps (step_plan.h).
-bool flattens_for_free(const DistTensor& t) {
-  step_plan::keep_decision(t, [shape = t.shape(), mesh_shape = t.mesh().shape()](const Placements& p) {
-    return flattens_for_free(p, shape, mesh_shape);
-  });
-  return flattens_for_free(t.placements(), t.shape(), t.mesh().shape());
-}
-
 // g^T a over every batch row, [n, k]: "...N,...K->NK" with the batch letters
 // contracted, so a batch dim sharded alike in both gives a Partial sum, whichever dim
 // it is (the sequence under context parallelism as the batch under data parallelism),
@@ -56,9 +30,12 @@ DistTensor contract_rows(const DistTensor& g, const DistTensor& a) {
   };
   return ops::run_einsum_lazy("matmul_rows", {}, {g, a}, spec, Shape{g.size(-1), a.size(-1)},
                               [](const std::vector<Tensor>& l) {
-                                const Tensor g_rows = l[0].reshape({-1, l[0].size(-1)});
-                                const Tensor a_rows = l[1].reshape({-1, l[1].size(-1)});
-                                return matmul(g_rows.t(), a_rows);
+                                // Rows counted, not inferred: an uneven shard may hold none.
+                                auto rows = [](const Tensor& t) {
+                                  const int64_t n = shape_numel(Shape(t.shape().begin(), t.shape().end() - 1));
+                                  return t.reshape({n, t.size(-1)});
+                                };
+                                return matmul(rows(l[0]).t(), rows(l[1]));
                               });
 }
 
@@ -77,30 +54,20 @@ Grads matmul_grads(const DistTensor& sa, const DistTensor& sb, const DistTensor&
     out[0] = ops::sum_to(matmul(g, transpose(sb, -1, -2)), sa.shape());
   }
   if (!autograd::grad_wanted(1)) return out;
-  if (sb.dim() == 2 && sa.dim() > 2 && !(flattens_for_free(sa) && flattens_for_free(g))) {
-    // Rows whose flattening would communicate (a dim inside the batch sharded): the
-    // contraction over them where they lie, not one product per batch entry summed
-    // (which held [batch, n, k] at once).
+  if (sb.dim() == 2) {
+    // [batch..., m, k] @ [k, n] (a Linear's weight): one contraction over every batch
+    // row, whichever dims shard them, where they lie; the same path for every layout,
+    // so that a planned step replays it whatever layouts the plan chose.
     out[1] = b_is_weight_t ? transpose(contract_rows(g, sa), 0, 1) : contract_rows(sa, g);
     return out;
   }
-  if (sb.dim() != 2) {
-    // Batched: per batch entry, summed.
-    if (b_is_weight_t) {
-      const Shape w_shape{sb.size(1), sb.size(0)};
-      out[1] = transpose(ops::sum_to(matmul(transpose(g, -1, -2), sa), w_shape), 0, 1);
-    } else {
-      out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g), sb.shape());
-    }
-    return out;
+  // Batched: per batch entry, summed.
+  if (b_is_weight_t) {
+    const Shape w_shape{sb.size(1), sb.size(0)};
+    out[1] = transpose(ops::sum_to(matmul(transpose(g, -1, -2), sa), w_shape), 0, 1);
+  } else {
+    out[1] = ops::sum_to(matmul(transpose(sa, -1, -2), g), sb.shape());
   }
-  // [batch..., m, k] @ [k, n] (a Linear's weight): one GEMM over all batch rows,
-  // a^T [k, rows] @ g [rows, n], instead of one per batch entry and a sum over them.
-  const int64_t k = sa.size(-1), n = g.size(-1);
-  const DistTensor a_rows = sa.dim() > 2 ? reshape(sa, {-1, k}) : sa;
-  const DistTensor g_rows = g.dim() > 2 ? reshape(g, {-1, n}) : g;
-  out[1] = b_is_weight_t ? transpose(matmul(transpose(g_rows, 0, 1), a_rows), 0, 1)
-                         : matmul(transpose(a_rows, 0, 1), g_rows);
   return out;
 }
 

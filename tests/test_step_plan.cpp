@@ -5,6 +5,7 @@
 // the code reads stays as recorded.
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -18,6 +19,7 @@
 #include "dtensor/optim.h"
 #include "dtensor/parallel/tensor_parallel.h"
 #include "dtensor/step_plan.h"
+#include "parallel_equivalence.h"
 
 namespace dtensor {
 namespace {
@@ -247,6 +249,48 @@ TEST(StepPlan, HandPlacedGptMovesMegatronsBytes) {
       EXPECT_LE(planned.wire, 1.05 * megatron.wire);
     });
   }
+}
+
+// A GPT under Megatron's tensor parallelism with sequence parallelism (the norms and
+// residuals on sequence shards): the recorded step replays in every later step (its
+// Linears' weight gradients take one path whatever the plan's layouts; a norm's weight
+// gradient, replicated as its output is, is not taken for the output), and three
+// planned steps of AdamW train as greedy's do.
+TEST(StepPlan, SequenceParallelGptReplays) {
+  launch(2, [](Group world) {
+    const DeviceMesh mesh(world, {2}, {"tp"});
+    models::GPTConfig config = testing::tiny_gpt(2, 4);  // train_gpt's model
+    config.vocab = 32;
+    config.block_size = 32;
+    config.dim = 64;
+    config.bias = true;
+    const SyntheticLanguage data(config.vocab, config.block_size, 16, 3);
+    std::vector<int64_t> rows(16);
+    std::iota(rows.begin(), rows.end(), 0);
+    const TokenBatch batch = data.get_batch(rows);
+    std::vector<double> losses[2];
+    for (int planned = 0; planned < 2; ++planned) {
+      auto gpt = models::parallelize_gpt(mesh, config, 7, {.tp = {.sequence_parallel = true}});
+      AdamW optimizer(gpt->parameters(), {.lr = 1e-2});
+      StepPlanner planner;
+      for (int step = 0; step < 4; ++step) {
+        std::optional<PlannedStep> scope;
+        if (planned == 1) scope.emplace(planner);
+        DistTensor loss = gpt->model()->loss(gpt->distribute_batch(batch.inputs), gpt->distribute_batch(batch.targets));
+        loss.backward();
+        optimizer.step();
+        optimizer.zero_grad();
+        losses[planned].push_back(loss.full_tensor().item<double>());
+        scope.reset();
+        if (planned == 1) {
+          EXPECT_EQ(planner.last_report().phase,
+                    step == 0 ? StepPlanReport::Phase::Recorded : StepPlanReport::Phase::Replayed)
+              << "step " << step << ": " << planner.last_report().to_string();
+        }
+      }
+    }
+    for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[1][i], losses[0][i], 1e-4) << "step " << i;
+  });
 }
 
 // Random programs over random layouts: matmuls, pointwise ops, broadcasts, reductions

@@ -49,6 +49,7 @@ struct OpRecord {
   std::vector<int64_t> attributes;
   std::vector<Shape> shapes;
   std::vector<DType> dtypes;
+  Shape out_shape;  // once its output was wrapped
   DeviceMesh mesh;
   std::vector<int> producers;        // the op that made each input, or -1
   // Which of the producer's layouts it has: 0 its output, r its input r-1 as its
@@ -661,13 +662,16 @@ void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl) {
   }
   if (r.mode != Recorder::Mode::Record) return;
   if (r.open < 0) {
-    // A wrap in an op's backward function: a gradient in one of the op's layouts follows
-    // the op's strategy (another layout is the code's, fixed).
+    // A wrap in an op's backward function: a gradient of one of the op's tensors (its
+    // shape) in that tensor's layout follows the op's strategy (another layout, or a
+    // tensor of another shape, as a norm's weight gradient in its output's placements,
+    // is the code's, fixed).
     if (r.backward_of < 0) return;
     const OpRecord& op = r.graph.ops[static_cast<size_t>(r.backward_of)];
     const dispatch::Strategy& greedy = op.domain[static_cast<size_t>(op.greedy)];
     for (int role = 0; role <= static_cast<int>(greedy.inputs.size()); ++role) {
-      if (impl->placements == layout_of(greedy, role)) {
+      const Shape& shape = role == 0 ? op.out_shape : op.shapes[static_cast<size_t>(role - 1)];
+      if (impl->placements == layout_of(greedy, role) && impl->global_shape == shape) {
         impl->plan_tag = tag_for(r, r.backward_of, role);
         return;
       }
@@ -678,6 +682,7 @@ void on_wrap(const std::shared_ptr<DistTensor::Impl>& impl) {
   if (impl->placements == op.domain[static_cast<size_t>(op.greedy)].output) {
     impl->plan_tag = tag_for(r, r.open);
     op.wrapped = true;
+    op.out_shape = impl->global_shape;
     r.outputs.emplace_back(impl, r.open);
   } else {
     op.pinned = true;

@@ -29,9 +29,10 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   m.flash_attention = true;
   m.fused_qkv = false;  // SelfAttention's q, k and v are three Linears
   // Counted by recording steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2
-  // micro-batches.
-  m.ops_per_layer = 88;
-  m.ops_outside_layers = 35;
+  // micro-batches (GELU; the mixture of experts top-2 of 4; context parallelism's ring
+  // attention is one op as the fused attention is).
+  m.ops_per_layer = config.moe_experts > 0 ? 115 : 70;
+  m.ops_outside_layers = 32;
   // Each block's norms (scale, and shift for LayerNorm with biases), q, k, v, the output
   // projection and the MLP's matrices (three with SwiGLU), with biases; outside, the
   // token and position tables, the final norm and an untied output matrix.

@@ -124,7 +124,8 @@ struct ModelSpec {
   // Ops an implementation dispatches per micro-batch (forward and backward ones): per
   // block, and outside the blocks (embedding, head, loss). With the cluster's
   // op_seconds they cost host time that does not shrink with the batch (0: not costed).
-  // train_gpt's GPT dispatches 88 per block and 35 outside (counted by recording a step).
+  // train_gpt's GPT dispatches 70 per block (115 with experts) and 32 outside (counted
+  // by recording a step).
   int64_t ops_per_layer = 0, ops_outside_layers = 0;
   // Parameter tensors (weights, biases, norms' scales and shifts) per block and outside
   // the blocks, each a step of the optimizer's at the cluster's
