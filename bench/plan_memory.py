@@ -53,6 +53,7 @@ LAYOUTS = [
     ("MoE, DDP", "--mesh dp=2 --moe-experts 4 --moe-top-k 2"),
     ("MoE, EP", "--mesh ep=2 --moe-experts 4 --moe-top-k 2"),
     ("MoE, DDP x EP", "--mesh dp=2,ep=2 --moe-experts 4 --moe-top-k 2"),
+    ("MoE, DDP x EP, capacity 1.25", "--mesh dp=2,ep=2 --moe-experts 4 --moe-top-k 2 --moe-capacity 1.25"),
 ]
 MPI = ["DDP", "ZeRO-3", "TP", "PP 1F1B", "DDP x TP"]
 
@@ -118,11 +119,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="runs of every layout, alternating")
     ap.add_argument("--mpi", action="store_true", help="also run the MPI rows under mpirun")
     ap.add_argument("--memory-tolerance", type=float, default=10.0, help="percent")
-    ap.add_argument("--only", default="", help="the layouts whose names contain one of these, comma-separated")
+    ap.add_argument("--only", default="",
+                    help="the layouts whose names contain one of these, comma-separated (=NAME: that name exactly)")
     ap.add_argument("model", nargs="*", help="train_gpt's model flags, after --")
     args = ap.parse_args()
     wanted = [w for w in args.only.split(",") if w]
-    layouts = [(n, f) for n, f in LAYOUTS if not wanted or any(w in n for w in wanted)]
+    layouts = [(n, f) for n, f in LAYOUTS
+               if not wanted or any(n == w[1:] if w.startswith("=") else w in n for w in wanted)]
     rows = [(name, flags, False) for name, flags in layouts]
     if args.mpi:
         rows += [(name + " (MPI)", flags, True) for name, flags in layouts if name in MPI]

@@ -417,8 +417,7 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   const std::pair<bool, const char*> unmodelled[] = {
       {s.offload && s.offload_fraction < 1, "--offload-fraction below 1"},
       {s.delayed_update >= 0, "--delayed-update"},
-      {config.moe_experts > 0 && (config.moe_capacity_factor > 0 || config.moe_shared_expert),
-       "--moe-capacity or a shared expert"},
+      {config.moe_experts > 0 && config.moe_shared_expert, "a shared expert"},
       {s.precision != "fp32", "16-bit precision"},
       {config.dropout > 0, "dropout"},
       {!s.loss_parallel, "--gather-logits"},

@@ -243,6 +243,7 @@ struct MemoryLayout {
   parallel::ParallelPlan plan;
   bool checkpoint = false;
   int64_t experts = 0;  // a mixture of experts (top-2) in every block
+  double capacity = 0;  // its capacity factor (0: dropless)
 };
 
 // The most any rank held in the third step of training `config` under `layout`.
@@ -375,11 +376,13 @@ TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
        }()},
       {"MoE, DDP", {2}, {"dp"}, {}, plan(2, 1, 1, 0, 1), false, 4},
       {"MoE, DP x EP", {2, 2}, {"dp", "ep"}, {}, with(plan(4, 1, 1, 0, 1), 1, 2, false), false, 4},
+      {"MoE, DP x EP, capacity 1", {2, 2}, {"dp", "ep"}, {}, with(plan(4, 1, 1, 0, 1), 1, 2, false), false, 4, 1.0},
   };
   for (const MemoryLayout& layout : layouts) {
     models::GPTConfig c = config;
     c.checkpoint_activations = layout.checkpoint;
     c.moe_experts = layout.experts;
+    c.moe_capacity_factor = layout.capacity;
     const int64_t measured = measured_peak(c, layout, kSequences);
     const parallel::PlanEstimate e = parallel::estimate_plan(
         models::gpt_model_spec(c, c.block_size), parallel::ClusterSpec::preset("cpu", shape_numel(layout.shape)),

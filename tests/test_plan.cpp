@@ -371,6 +371,7 @@ TEST(Plan, ExpertParallelSplitsTheExpertsAndSendsTokensByAllToAll) {
   ParallelPlan plan = plan_of(8, 1, 1, 0, 64);  // 8 micro-batches of 1
   const PlanEstimate replicated = estimate_plan(m, c, 64, plan);
   plan.ep = 4;
+  const ParallelPlan split_plan = plan;
   const PlanEstimate split = estimate_plan(m, c, 64, plan);
   ASSERT_TRUE(split.rejected.empty()) << split.rejected;
   const double experts = 8 * static_cast<double>(m.layer_expert_parameters());
@@ -393,6 +394,17 @@ TEST(Plan, ExpertParallelSplitsTheExpertsAndSendsTokensByAllToAll) {
   plan.ep = 2;
   EXPECT_NE(estimate_plan(ModelSpec::gpt(8, 1024, 16, 1024, 32000), c, 64, plan).rejected.find("ep 2 must divide"),
             std::string::npos);
+  // A capacity factor bounds the rows the busiest ep rank receives: the estimate takes
+  // every expert full (activations of the routed copies 1.25x); without expert
+  // parallelism a device's experts take its own tokens' copies whatever the factor.
+  ModelSpec capped = m;
+  capped.capacity_factor = 1.25;
+  const PlanEstimate full = estimate_plan(capped, c, 64, split_plan);
+  EXPECT_GT(full.activation_bytes, split.activation_bytes);
+  EXPECT_LT(full.activation_bytes, 1.25 * split.activation_bytes);
+  EXPECT_DOUBLE_EQ(estimate_plan(capped, c, 64, plan_of(8, 1, 1, 0, 64)).activation_bytes, replicated.activation_bytes);
+  capped.capacity_factor = -1;
+  EXPECT_THROW(estimate_plan(capped, c, 64, split_plan), std::invalid_argument);
   // The search tries expert parallelism for a mixture of experts only.
   PlanSearchOptions options;
   options.tp = options.pp = options.cp = 1;

@@ -26,6 +26,7 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   m.learned_positions = config.block_size;
   m.experts = config.moe_experts;
   m.top_k = config.moe_experts > 0 ? config.moe_top_k : 0;
+  m.capacity_factor = config.moe_experts > 0 ? config.moe_capacity_factor : 0;
   m.flash_attention = true;
   m.fused_qkv = false;  // SelfAttention's q, k and v are three Linears
   // Counted by recording steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2

@@ -75,6 +75,7 @@ void ModelSpec::validate() const {
                "expected kv_heads dividing heads (0: heads), got ", kv_heads, " of ", heads);
   DT_CHECK_ARG(experts >= 0 && (experts == 0 || (top_k > 0 && top_k <= experts)), kOp,
                "expected 0 experts (dense) or top_k in [1, experts], got ", experts, " experts and top_k ", top_k);
+  DT_CHECK_ARG(capacity_factor >= 0, kOp, "expected a capacity factor >= 0 (0: dropless), got ", capacity_factor);
   DT_CHECK_ARG(ops_per_layer >= 0 && ops_outside_layers >= 0 && tensors_per_layer >= 0 && tensors_outside_layers >= 0,
                kOp, "expected non-negative op and parameter tensor counts, got ", ops_per_layer, ", ",
                ops_outside_layers, ", ", tensors_per_layer, " and ", tensors_outside_layers);
@@ -361,13 +362,17 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const bool flash = model.flash_attention;
   const double hd = h / a, kv = static_cast<double>(model.kv_heads > 0 ? model.kv_heads : model.heads);
   const bool moe = model.experts > 0;
-  const double copies = moe ? static_cast<double>(model.top_k) : 1;  // of each token in the MLP
+  // Each token's copies in the MLP, and the rows a device's experts take per token:
+  // with expert parallelism and a capacity factor, every expert full (no more than the
+  // ep ranks' tokens); all the copies of its own tokens otherwise.
+  const double copies = moe ? static_cast<double>(model.top_k) : 1;
+  const double rows = copies * (moe && p.ep > 1 && model.capacity_factor > 0 ? std::min(model.capacity_factor, ep) : 1);
   const double experts = static_cast<double>(std::max<int64_t>(model.experts, 1));
   auto layer_activations = [&](bool scores) {
     const double kept_whole = p.sequence_parallel ? std::min(ms.sp_gathered, ms.hidden) : 0;
-    const double moe_values = moe ? copies * ms.moe_hidden * h : 0;
+    const double moe_values = moe ? rows * ms.moe_hidden * h : 0;
     return tokens * (bpv * ((ms.hidden - kept_whole) * h / whole + kept_whole * h +
-                            (ms.hidden_split * h + copies * ms.ffn_split * f) / t + moe_values +
+                            (ms.hidden_split * h + rows * ms.ffn_split * f) / t + moe_values +
                             (p.cp > 1 ? ms.cp_split * h / t : 0) + (scores && !flash ? ms.scores * a * s / t : 0)) +
                      4 * ((flash ? ms.per_head * a / t : 0) + ms.scalars / whole +
                           (moe ? ms.moe_router * experts + ms.moe_scalars + (p.ep > 1 ? ms.moe_ep_scalars : 0) : 0)));
@@ -388,7 +393,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double rebuilt = p.recompute == Recompute::Full ? layer_activations(true) : 0;
   const double embedded = tokens * bpv * ms.outside_hidden * h / whole;
   const double logits_bytes = tokens * (4 * ms.logits * vocab / t + 4 * ms.outside_scalars / whole);
-  const double transient = tokens * bpv * (copies * ms.backward_ffn * f + ms.backward_hidden * h) / t;
+  const double transient = tokens * bpv * (rows * ms.backward_ffn * f + ms.backward_hidden * h) / t;
   // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
   const double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
   // The gradients alive at backward's start: all of them where they persist (a buffer,
@@ -485,7 +490,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // The experts on a device and the rows each gets: the tokens of the ep ranks routed
   // top_k times, spread evenly over the experts.
   const double local_experts = experts / ep;
-  const double routed = tokens * copies * ep / experts;
+  const double routed = tokens * rows * ep / experts;
   // One layer's forward GEMMs on one micro-batch: q, k, v; the output projection; the
   // MLP's (each expert on the tokens routed to it) and the router; attention's scores
   // and weighted sum per head, with context parallelism block by block (the local

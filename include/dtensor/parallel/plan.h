@@ -118,6 +118,12 @@ struct ModelSpec {
   bool fused_qkv = true;           // q, k and v in one GEMM (Megatron); false: three, each at its own shape
   int64_t learned_positions = 0;   // rows of a learned position table (0: rotary or none)
   int64_t experts = 0, top_k = 0;  // mixture of experts (0: dense)
+  // A mixture of experts' capacity factor: an expert takes at most this multiple of its
+  // balanced share of the routed tokens (GShard), which bounds the rows the busiest
+  // expert-parallel rank receives; the estimate takes every expert full (an upper
+  // bound, tight when routing is uneven). 0: dropless, taken as balanced (the busiest
+  // rank can hold more).
+  double capacity_factor = 0;
   // Fused attention (FlashAttention, cuDNN): the [s, s] scores are never stored. Off:
   // they are written and read in forward and backward (Megatron-LM in 2021).
   bool flash_attention = true;
