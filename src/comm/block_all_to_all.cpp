@@ -169,7 +169,8 @@ void all_to_all_blocks(const Group& group, const Tensor& input, const BlockLayou
                kOp, "expected ", n, " pieces on each side, got ", send.widths.size(), " and ", recv.widths.size());
   check_fits(send, input, "send");
   check_fits(recv, output, "receive");
-  begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
+  const FlightToken record =
+      begin_call(kOp, group, static_cast<int64_t>(input.nbytes()), flight_call(input, output, false));
   if (n == 1) {
     DT_CHECK_ARG(send.count(0) == recv.count(0), kOp, "a group of one sends ", send.count(0),
                  " elements to itself but expects ", recv.count(0));

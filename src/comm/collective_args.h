@@ -13,6 +13,7 @@
 #include "comm/call_context.h"
 #include "comm/comm_backend.h"
 #include "comm/fault_injection.h"
+#include "comm/flight_recorder.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
 #include "dtensor/group.h"
@@ -27,10 +28,25 @@ inline GroupImpl& backend_of(const Group& group, const char* op) {
 }
 
 // Every user-level communication call starts here: counted (comm_debug.h), then the
-// fault-injection point (fault_injection.h).
-inline void begin_call(const char* op, const Group& group, int64_t bytes) {
+// fault-injection point (fault_injection.h), then recorded (flight_recorder.h). The
+// token completes the record when it goes out of scope after a synchronous call (or
+// fails it when an exception leaves the call); an async call hands it to its Work.
+[[nodiscard]] inline FlightToken begin_call(const char* op, const Group& group, int64_t bytes, FlightCall call = {}) {
   CommDebugMode::record(op, group, bytes);
   fault_point(op, group);
+  GroupImpl& impl = *group.impl();
+  if (!impl.flight_recorder() || impl.size() == 1) return {};
+  call.op = op;
+  return impl.flight_recorder()->record(impl, call);
+}
+
+// What the flight recorder keeps of a call with an input and an output.
+inline FlightCall flight_call(const Tensor& input, const Tensor& output, bool async, int root = -1) {
+  return {.dtype = input.defined() ? input.dtype() : output.dtype(),
+          .in_count = input.defined() ? input.numel() : 0,
+          .out_count = output.defined() ? output.numel() : 0,
+          .root = root,
+          .async = async};
 }
 
 inline void check_tensor(const Group& group, const Tensor& t, const char* op, const char* what) {
@@ -142,21 +158,38 @@ inline Output writable(const Tensor& t) {
   return t.is_contiguous() ? Output{t, t} : Output{t, Tensor::empty(t.shape(), t.dtype(), t.device())};
 }
 
-// Keeps the tensors of an async call alive and copies results out once done.
+// Keeps the tensors of an async call alive, copies results out once done, and
+// tells the flight recorder how the call ended.
 class FinishingWork final : public WorkImpl {
  public:
-  FinishingWork(WorkPtr inner, std::vector<Tensor> keep, std::vector<Output> outs)
-      : inner_(std::move(inner)), keep_(std::move(keep)), outs_(std::move(outs)) {}
+  FinishingWork(WorkPtr inner, std::vector<Tensor> keep, std::vector<Output> outs,
+                std::vector<FlightToken> records = {})
+      : inner_(std::move(inner)), keep_(std::move(keep)), outs_(std::move(outs)), records_(std::move(records)) {
+    for (FlightToken& record : records_) record.started();
+  }
   // Dropped before it completed: the backend keeps the tensors until it has.
+  // The flight record follows the buffers: done when the backend lets go of them.
   ~FinishingWork() override {
-    if (inner_ && !finished_ && !keep_.empty() && !inner_->is_completed()) {
-      inner_->retain(std::make_shared<std::vector<Tensor>>(std::move(keep_)));
+    const bool running = inner_ && !finished_ && !inner_->is_completed();
+    if (running && (!keep_.empty() || !records_.empty())) {
+      auto buffers = std::make_shared<std::vector<Tensor>>(std::move(keep_));
+      for (FlightToken& record : records_) record.dropped(buffers);
+      inner_->retain(std::move(buffers));
     }
+    for (FlightToken& record : records_) record.completed();
   }
   FinishingWork(const FinishingWork&) = delete;
   FinishingWork& operator=(const FinishingWork&) = delete;
   void wait() override {
-    if (inner_) inner_->wait();
+    if (inner_) {
+      try {
+        inner_->wait();
+      } catch (...) {
+        for (FlightToken& record : records_) record.failed();
+        throw;
+      }
+    }
+    for (FlightToken& record : records_) record.completed();
     if (!finished_) {
       finished_ = true;
       for (Output& out : outs_) {
@@ -165,7 +198,13 @@ class FinishingWork final : public WorkImpl {
       keep_.clear();
     }
   }
-  bool is_completed() override { return !inner_ || inner_->is_completed(); }
+  bool is_completed() override {
+    const bool done = !inner_ || inner_->is_completed();
+    if (done) {
+      for (FlightToken& record : records_) record.completed();
+    }
+    return done;
+  }
   void retain(std::shared_ptr<void> buffers) override {
     if (inner_) inner_->retain(std::move(buffers));
   }
@@ -174,6 +213,7 @@ class FinishingWork final : public WorkImpl {
   WorkPtr inner_;
   std::vector<Tensor> keep_;
   std::vector<Output> outs_;
+  std::vector<FlightToken> records_;
   bool finished_ = false;
 };
 
@@ -213,14 +253,18 @@ class CallBuffers {
   }
   // Sync: waits and copies a stand-in's result into the output. Async: a Work that
   // keeps the buffers alive and does that when waited for.
-  Work finish(WorkPtr inner, bool async) const {
+  // `record` (the call's flight record) goes to the async Work; a sync call's
+  // completes in the caller's scope.
+  Work finish(WorkPtr inner, bool async, FlightToken& record) const {
     if (!async) {
       if (inner) inner->wait();
       if (out_copy_.defined()) Tensor(output_).copy_(out_copy_);
       return Work();
     }
+    std::vector<FlightToken> records;
+    if (record) records.push_back(std::move(record));
     return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>{in(), out()},
-                                                std::vector<Output>{Output{output_, out()}}));
+                                                std::vector<Output>{Output{output_, out()}}, std::move(records)));
   }
 
  private:
@@ -230,26 +274,29 @@ class CallBuffers {
   Tensor in_copy_, out_copy_;
 };
 
-// Counts the call; on a group of size 1 also does its whole work (a copy) and
-// returns true.
-inline bool record_or_finish_alone(const Group& group, const char* op, const Tensor& input,
-                                   const Tensor& output) {
-  begin_call(op, group, static_cast<int64_t>(input.nbytes()));
+// Counts and records the call into `record`; on a group of size 1 also does its
+// whole work (a copy) and returns true.
+inline bool record_or_finish_alone(const Group& group, const char* op, const Tensor& input, const Tensor& output,
+                                   bool async, FlightToken& record, int root = -1) {
+  record = begin_call(op, group, static_cast<int64_t>(input.nbytes()), flight_call(input, output, async, root));
   if (group.size() != 1) return false;
   copy_into(output, input);
   return true;
 }
 
 // A sync call completes here without allocating (its cost is compared with raw
-// MPI's); an async one gets a Work that keeps `keep` alive until it is waited for.
-inline Work finish(WorkPtr inner, std::initializer_list<Tensor> keep, Output out, bool async) {
+// MPI's); an async one gets a Work that keeps `keep` alive until it is waited for,
+// and the call's flight record.
+inline Work finish(WorkPtr inner, std::initializer_list<Tensor> keep, Output out, bool async, FlightToken& record) {
   if (!async) {
     if (inner) inner->wait();
     if (out.user.defined() && out.needs_copy()) out.user.copy_(out.buffer);
     return Work();
   }
+  std::vector<FlightToken> records;
+  if (record) records.push_back(std::move(record));
   return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>(keep),
-                                              std::vector<Output>{std::move(out)}));
+                                              std::vector<Output>{std::move(out)}, std::move(records)));
 }
 
 inline int64_t product(const Shape& shape, int begin, int end) {

@@ -20,12 +20,13 @@ Work all_reduce_impl(const Group& group, const Tensor& input, const Tensor& outp
   DT_CHECK_ARG(input.shape() == output.shape(), kOp, "output shape must equal input shape ",
                input.shape(), ", got ", output.shape());
   comm::check_reduce_supported(input.dtype(), op, kOp);
-  if (record_or_finish_alone(group, kOp, input, output)) return Work();
+  FlightToken record;
+  if (record_or_finish_alone(group, kOp, input, output, async, record)) return Work();
   CallBuffers b(input, output);
   b.reuse_input_copy_for_output();
   b.stage_overlapping_input(b.out().data_ptr());
   WorkPtr w = backend.all_reduce(b.in().data_ptr(), b.out().data_ptr(), input.numel(), input.dtype(), op, async);
-  return b.finish(std::move(w), async);
+  return b.finish(std::move(w), async, record);
 }
 
 Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& output, int64_t dim,
@@ -42,7 +43,8 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
                ", its input has ", input.size(d));
   const int64_t total = sizes.empty() ? n * input.size(d) : sum(sizes);
   check_output_shape_with_dim(output, input.shape(), d, total, kOp);
-  if (record_or_finish_alone(group, kOp, input, output)) return Work();
+  FlightToken record;
+  if (record_or_finish_alone(group, kOp, input, output, async, record)) return Work();
   CallBuffers b(input, output);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
   const int64_t outer = product(input.shape(), 0, d);
@@ -55,7 +57,7 @@ Work all_gather_impl(const Group& group, const Tensor& input, const Tensor& outp
   WorkPtr w = backend.all_gather(b.in().data_ptr(), b.out().data_ptr(),
                                  backend_counts(0, sizes, n, input.size(d), inner),
                                  outer, input.dtype(), async);
-  return b.finish(std::move(w), async);
+  return b.finish(std::move(w), async, record);
 }
 
 Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& output, ReduceOp op,
@@ -75,14 +77,15 @@ Work reduce_scatter_impl(const Group& group, const Tensor& input, const Tensor& 
                "), got ", Shape(sizes));
   const int64_t mine = even ? input.size(d) / n : sizes[group.rank()];
   check_output_shape_with_dim(output, input.shape(), d, mine, kOp);
-  if (record_or_finish_alone(group, kOp, input, output)) return Work();
+  FlightToken record;
+  if (record_or_finish_alone(group, kOp, input, output, async, record)) return Work();
   CallBuffers b(input, output);
   b.stage_overlapping_input(nullptr);
   const int64_t inner = product(input.shape(), d + 1, static_cast<int>(input.dim()));
   WorkPtr w = backend.reduce_scatter(b.in().data_ptr(), b.out().data_ptr(),
                                      backend_counts(0, sizes, n, input.size(d) / n, inner),
                                      product(input.shape(), 0, d), input.dtype(), op, async);
-  return b.finish(std::move(w), async);
+  return b.finish(std::move(w), async, record);
 }
 
 // Checks all_to_all split sizes against dim 0 (`total`); empty means equal splits.
@@ -114,7 +117,8 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
                           output.shape().end()),
                kOp, "input and output must agree after dim 0, got ", input.shape(), " and ",
                output.shape());
-  if (record_or_finish_alone(group, kOp, input, output)) return Work();
+  FlightToken record;
+  if (record_or_finish_alone(group, kOp, input, output, async, record)) return Work();
   CallBuffers b(input, output);
   b.stage_overlapping_input(nullptr);
   const int64_t inner = product(input.shape(), 1, static_cast<int>(input.dim()));
@@ -124,7 +128,7 @@ Work all_to_all_impl(const Group& group, const Tensor& input, const Tensor& outp
   WorkPtr w = backend.all_to_all(b.in().data_ptr(), backend_counts(0, in_splits, n, input.size(0) / n, inner),
                                  b.out().data_ptr(), backend_counts(1, out_splits, n, output.size(0) / n, inner),
                                  input.dtype(), equal_splits, async);
-  return b.finish(std::move(w), async);
+  return b.finish(std::move(w), async, record);
 }
 
 }  // namespace
@@ -193,7 +197,7 @@ std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
   check_tensor(group, input, kOp, "input");
   const int n = group.size();
   if (n == 1) {
-    begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
+    (void)begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
     return {input};
   }
   // Shapes first (a fixed record per rank: ndim then up to 8 dims), then the data.
@@ -215,9 +219,10 @@ std::vector<Tensor> all_gather_list(const Group& group, const Tensor& input) {
     shapes[r] = Shape(rec + 1, rec + 1 + rec[0]);
     counts[r] = shape_numel(shapes[r]);
   }
-  begin_call(kOp, group, static_cast<int64_t>(input.nbytes()));
-  Tensor in = input.contiguous();
   Tensor flat = Tensor::empty({sum(counts)}, input.dtype(), input.device());
+  const FlightToken flight =
+      begin_call(kOp, group, static_cast<int64_t>(input.nbytes()), flight_call(input, flat, false));
+  Tensor in = input.contiguous();
   {
     BufferDeviceScope device(input.device());
     backend.all_gather(in.data_ptr(), flat.data_ptr(), counts, 1, input.dtype(), false);

@@ -28,6 +28,8 @@
 
 namespace dtensor::comm {
 
+class FlightRecorder;
+
 class WorkImpl {
  public:
   virtual ~WorkImpl() = default;
@@ -83,6 +85,12 @@ class GroupImpl {
   // A DeviceMesh names its dim groups after the dims ("dp", "tp"), which error messages
   // and CommDebugMode then show.
   void set_name(std::string name) { name_ = std::move(name); }
+  // The launch (threads) or MPI_COMM_WORLD rank of each member, in group order; empty
+  // where the backend cannot say. The flight recorder's dumps name groups by them.
+  virtual std::vector<int> world_ranks() const { return {}; }
+  // The recorder of the rank this group belongs to (flight_recorder.h); null: none.
+  const std::shared_ptr<FlightRecorder>& flight_recorder() const { return flight_recorder_; }
+  void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) { flight_recorder_ = std::move(recorder); }
   // Whether the collectives take buffers in CUDA device memory (the public calls
   // then name the device in a BufferDeviceScope, src/comm/call_context.h).
   virtual bool accepts_cuda_buffers() const { return false; }
@@ -134,6 +142,11 @@ class GroupImpl {
  protected:
   std::string name_ = "world";
   std::chrono::milliseconds timeout_ = default_timeout();
+
+ private:
+  friend class FlightRecorder;
+  std::shared_ptr<FlightRecorder> flight_recorder_;
+  int flight_group_ = -1;  // this group's index in the recorder, once it recorded a call
 };
 
 // The names of one collective's kinds, used by error messages and comm counters.

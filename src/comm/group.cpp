@@ -8,6 +8,7 @@
 #include "comm/collective_args.h"
 #include "comm/comm_backend.h"
 #include "comm/fault_injection.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi/mpi_backend.h"
 #include "comm/threads/threads_group.h"
 #include "dtensor/comm_debug.h"
@@ -98,8 +99,11 @@ void Group::set_timeout(std::chrono::milliseconds timeout) {
 
 Group Group::split(int color, int key) const {
   checked(impl_, "split");
-  comm::begin_call("split", *this, 0);
-  return Group(impl_->split(color, key));
+  const comm::FlightToken record = comm::begin_call("split", *this, 0, {.dtype = DType::I32});
+  Group child(impl_->split(color, key));
+  // The children record into this rank's recorder.
+  if (child.defined()) child.impl()->set_flight_recorder(impl_->flight_recorder());
+  return child;
 }
 
 // ---- launch ----------------------------------------------------------------------------
@@ -120,6 +124,8 @@ void launch(int n, const std::function<void(Group world)>& fn) {
   auto world = std::make_shared<comm::threads::World>(n);
   auto shared = comm::threads::make_world(world, n);
   const std::optional<comm::FaultSpec> faults = comm::fault_spec_from_env();
+  std::vector<std::shared_ptr<comm::FlightRecorder>> recorders;
+  for (int r = 0; r < n; ++r) recorders.push_back(comm::FlightRecorder::make(r, n, "threads"));
   std::mutex mutex;
   std::exception_ptr first_error;
   std::vector<std::thread> ranks;
@@ -133,6 +139,7 @@ void launch(int n, const std::function<void(Group world)>& fn) {
         const comm::threads::RankThreadScope own_thread(world.get(), r);
         comm::LaunchRankFaults armed(faults, r);
         Group group(std::make_shared<comm::threads::ThreadsGroup>(shared, r, "world"));
+        group.impl()->set_flight_recorder(recorders[r]);
         LaunchedWorldScope scope(group);
         try {
           fn(std::move(group));
@@ -160,7 +167,13 @@ void launch(int n, const std::function<void(Group world)>& fn) {
   for (auto& t : ranks) t.join();
   world->wait_for_workers();
   backend::cpu::configure_blas_threads(1);
-  if (first_error) std::rethrow_exception(first_error);
+  if (first_error) {
+    // Every rank's flight record, now that all have ended (DTENSOR_FLIGHT_RECORDER).
+    for (const auto& recorder : recorders) {
+      if (recorder) recorder->dump_on_failure(world->abort_reason());
+    }
+    std::rethrow_exception(first_error);
+  }
 }
 
 // ---- init ------------------------------------------------------------------------------

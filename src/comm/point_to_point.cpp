@@ -15,20 +15,36 @@ Work send_recv_impl(const Group& group, const std::vector<P2POp>& ops) {
   std::vector<comm::P2PBuffer> buffers;
   std::vector<Tensor> keep;
   std::vector<Output> copies;  // receives into non-contiguous tensors
+  std::vector<FlightToken> records;
   for (const P2POp& op : ops) {
     const bool is_send = op.kind == P2POp::Kind::Send;
     const char* name = is_send ? "send" : "recv";
     check_tensor(group, op.tensor, name, name);
     DT_CHECK_ARG(op.peer >= 0 && op.peer < group.size(), name, "peer must be in [0, ", group.size(), "), got ",
                  op.peer);
-    begin_call(name, group, static_cast<int64_t>(op.tensor.nbytes()));
+    FlightToken record = begin_call(name, group, static_cast<int64_t>(op.tensor.nbytes()),
+                                    {.dtype = op.tensor.dtype(),
+                                     .in_count = is_send ? op.tensor.numel() : 0,
+                                     .out_count = is_send ? 0 : op.tensor.numel(),
+                                     .peer = op.peer,
+                                     .tag = op.tag,
+                                     .async = true});
+    if (record) records.push_back(std::move(record));
     Tensor buffer = is_send ? op.tensor.contiguous() : writable(op.tensor).buffer;
     if (!is_send && !op.tensor.is_contiguous()) copies.push_back({op.tensor, buffer});
     keep.push_back(buffer);
     buffers.push_back({is_send, buffer.data_ptr(), static_cast<int64_t>(buffer.nbytes()), buffer.dtype(), op.peer,
                        op.tag, buffer.device()});
   }
-  return Work(std::make_shared<FinishingWork>(backend.send_recv(buffers), std::move(keep), std::move(copies)));
+  WorkPtr inner;
+  try {
+    inner = backend.send_recv(buffers);
+  } catch (...) {
+    for (FlightToken& record : records) record.failed();
+    throw;
+  }
+  return Work(
+      std::make_shared<FinishingWork>(std::move(inner), std::move(keep), std::move(copies), std::move(records)));
 }
 
 }  // namespace

@@ -14,14 +14,15 @@ Work broadcast_impl(const Group& group, const Tensor& tensor, int root, bool asy
   comm::GroupImpl& backend = backend_of(group, kOp);
   check_tensor(group, tensor, kOp, "broadcast");
   check_root(group, root, kOp);
-  begin_call(kOp, group, static_cast<int64_t>(tensor.nbytes()));
+  FlightToken record =
+      begin_call(kOp, group, static_cast<int64_t>(tensor.nbytes()), flight_call(tensor, tensor, async, root));
   if (group.size() == 1) return Work();
   Output out = writable(tensor);
   if (out.needs_copy()) out.buffer = tensor.contiguous();
   BufferDeviceScope device(tensor.device());
   WorkPtr w = backend.broadcast(out.buffer.data_ptr(), tensor.numel(), tensor.dtype(), root, async);
   if (group.rank() == root) out.user = Tensor();  // nothing to copy back on the root
-  return finish(std::move(w), {out.buffer}, out, async);
+  return finish(std::move(w), {out.buffer}, out, async, record);
 }
 
 // Elements per row of dim 0 (shape without dim 0).
@@ -47,7 +48,8 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
     const Shape expected = with_dim(input.shape(), 0, sum(sizes));
     check_output_shape(output, expected, kOp);
   }
-  if (record_or_finish_alone(group, kOp, input, output)) return Work();
+  FlightToken record;
+  if (record_or_finish_alone(group, kOp, input, output, async, record, root)) return Work();
   Tensor in = input.contiguous();
   Output out = is_root ? writable(output) : Output{};
   // The root copies every rank's input into its output: its own must not be in the way.
@@ -55,7 +57,7 @@ Work gather_impl(const Group& group, const Tensor& input, const Tensor& output, 
   BufferDeviceScope device(input.device());
   WorkPtr w = backend.gather(in.data_ptr(), is_root ? out.buffer.data_ptr() : nullptr,
                              backend_counts(0, sizes, n, 0, row_elements(input, kOp)), in.dtype(), root, async);
-  return finish(std::move(w), {in, out.buffer}, out, async);
+  return finish(std::move(w), {in, out.buffer}, out, async, record);
 }
 
 Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output, int root,
@@ -78,7 +80,8 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
                  input.shape());
     in = input.contiguous();
   }
-  begin_call(kOp, group, is_root ? static_cast<int64_t>(input.nbytes()) : 0);
+  FlightToken record =
+      begin_call(kOp, group, is_root ? static_cast<int64_t>(input.nbytes()) : 0, flight_call(in, output, async, root));
   if (n == 1) {
     copy_into(output, input);
     return Work();
@@ -89,14 +92,14 @@ Work scatter_impl(const Group& group, const Tensor& input, const Tensor& output,
   BufferDeviceScope device(output.device());
   WorkPtr w = backend.scatter(is_root ? in.data_ptr() : nullptr, out.buffer.data_ptr(),
                               backend_counts(0, sizes, n, 0, row_elements(output, kOp)), output.dtype(), root, async);
-  return finish(std::move(w), {in, out.buffer}, out, async);
+  return finish(std::move(w), {in, out.buffer}, out, async, record);
 }
 
 Work barrier_impl(const Group& group, bool async) {
   comm::GroupImpl& backend = backend_of(group, "barrier");
-  begin_call("barrier", group, 0);
+  FlightToken record = begin_call("barrier", group, 0, {.dtype = DType::I32, .async = async});
   if (backend.size() == 1) return Work();
-  return finish(backend.barrier(async), {}, Output{}, async);
+  return finish(backend.barrier(async), {}, Output{}, async, record);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm/comm_backend.h"
+#include "comm/flight_recorder.h"
 #include "dtensor/error.h"
 
 namespace dtensor::comm {
@@ -20,6 +21,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::atomic<int> world_rank{-1}, world_size{0};  // for messages; set once MPI is initialised
+// How long an aborting process waits for the other processes' flight records (their
+// watchdogs look for the request every 200 ms).
+constexpr auto kDumpPatience = std::chrono::seconds(3);
 
 // One per thread that ever made a watched call. The thread writes, the watchdog
 // reads: `seq` is odd while a call is in progress and guards the other fields
@@ -58,10 +62,13 @@ class Watchdog {
   // A call is timed from when the watchdog first sees it (ticks of 10 ms), so
   // watching costs the calling thread no clock read.
   static constexpr auto kTick = std::chrono::milliseconds(10);
+  static constexpr uint64_t kDumpRequestTicks = 20;
 
   void run() {
-    while (true) {
+    for (uint64_t tick = 1;; ++tick) {
       std::this_thread::sleep_for(kTick);
+      // Another process of the job failed and asks every rank for its flight record.
+      if (tick % kDumpRequestTicks == 0) FlightRecorder::poll_dump_request();
       std::vector<WatchSlot*> slots;
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -202,6 +209,13 @@ const WatchedGroup* watched_group(std::string name, int rank, int size) {
 void abort_job(const std::string& message, int code) {
   std::fprintf(stderr, "[dtensor] rank %d of MPI_COMM_WORLD: %s\n", world_rank.load(), message.c_str());
   std::fflush(stderr);
+  // The flight records (DTENSOR_FLIGHT_RECORDER): this process's, and the others'
+  // through their watchdogs, before MPI_Abort ends them all.
+  if (const std::string dir = FlightRecorder::dump_dir(); !dir.empty()) {
+    FlightRecorder::dump_all_on_failure(message);
+    FlightRecorder::request_dumps(dir, world_rank.load());
+    FlightRecorder::wait_for_dumps(dir, world_size.load(), kDumpPatience);
+  }
   alarm(10);  // should MPI_Abort itself hang, SIGALRM ends this process
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

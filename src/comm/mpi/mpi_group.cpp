@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <numeric>
 #include <string_view>
 
 #include "comm/fault_injection.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi/mpi_backend.h"
 #include "comm/mpi/mpi_group.h"
 #include "dtensor/error.h"
@@ -59,6 +61,17 @@ MPIGroup::MPIGroup(MPI_Comm comm, bool owned, std::string name) : comm_(comm), o
   name_ = std::move(name);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  {
+    MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(comm_, &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> ranks(size_);
+    std::iota(ranks.begin(), ranks.end(), 0);
+    world_ranks_.resize(size_);
+    MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_ranks_.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+  }
   // Errors come back as codes: exceptions for point to point, a job abort naming
   // the call for collectives (instead of MPI's bare abort).
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -158,6 +171,7 @@ std::shared_ptr<GroupImpl> mpi_world() {
     // world's destructor; it finalises MPI only when dtensor initialised it.
     install_process_handlers(!initialized);
     auto group = std::make_shared<MPIGroup>(MPI_COMM_WORLD, false, "world");
+    group->set_flight_recorder(FlightRecorder::make(group->rank(), group->size(), "mpi"));
     arm_process_faults(fault_spec_from_env(), group->rank());
     return group;
   }();

@@ -67,6 +67,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
+  std::vector<int> world_ranks() const override { return world_ranks_; }
 
   std::shared_ptr<GroupImpl> split(int color, int key) override;
 
@@ -122,6 +123,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   MPI_Comm debug_comm_ = MPI_COMM_NULL;
   bool owned_ = false;
   int rank_ = 0, size_ = 1, splits_ = 0;
+  std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member
   uint64_t calls_ = 0;  // collectives this rank made on the group (the watchdog names the call)
   const WatchedGroup* watched_ = nullptr;
   mutable std::string broken_;

@@ -201,6 +201,7 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   int rank() const override { return rank_; }
   int size() const override { return shared_->size; }
   std::string backend() const override { return "threads"; }
+  std::vector<int> world_ranks() const override { return shared_->world_ranks; }
   bool accepts_cuda_buffers() const override { return true; }
   std::shared_ptr<GroupImpl> split(int color, int key) override;
 
