@@ -10,6 +10,7 @@
 //            flight) on 2, 4 and 8 ranks, rank 0 or the last failing: 180 cases, each
 //            in its own process, counted as clean (every rank ended, every result
 //            that came back right), wrong result, crash (a signal) or hang (> 20 s);
+//            and whether a thread of the backend outlived launch (clean only if none did);
 //            then the 60 throw cases in one process, 10 times, counting aborts.
 // Run: bench_faults [release|sweep] (both by default).
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -173,9 +175,17 @@ void program(Group world, const std::function<void()>& fault, std::atomic<int>& 
   }
 }
 
-// 0 clean, 1 wrong results.
+// Threads of this process (Linux: /proc/self/task).
+int live_threads() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// 0 clean, 1 wrong results, 2 a thread of the backend still alive after launch returned.
 int run_case(const Case& c) {
   std::atomic<int> wrong{0};
+  const int threads_before = live_threads();
   try {
     launch(c.n, [&](Group world) {
       world.set_timeout(c.kind == Kind::Stall ? 300ms : 10s);
@@ -194,7 +204,8 @@ int run_case(const Case& c) {
     });
   } catch (const std::exception&) {
   }
-  return wrong.load() > 0 ? 1 : 0;
+  if (wrong.load() > 0) return 1;
+  return live_threads() > threads_before ? 2 : 0;
 }
 
 std::vector<Case> cases() {
@@ -210,7 +221,7 @@ std::vector<Case> cases() {
 }
 
 void sweep() {
-  int clean = 0, wrong = 0, crashed = 0, hung = 0;
+  int clean = 0, wrong = 0, crashed = 0, hung = 0, threads_left = 0;
   for (const Case& c : cases()) {
     const pid_t child = fork();
     if (child == 0) _exit(run_case(c));
@@ -232,6 +243,9 @@ void sweep() {
       ++crashed;
       std::printf("crash (signal %d): %s at call %d of rank %d of %d\n", WTERMSIG(status), kind_name(c.kind), c.call,
                   c.rank, c.n);
+    } else if (WEXITSTATUS(status) == 2) {
+      ++threads_left;
+      std::printf("thread left after launch: %s at call %d of rank %d of %d\n", kind_name(c.kind), c.call, c.rank, c.n);
     } else if (WEXITSTATUS(status) != 0) {
       ++wrong;
       std::printf("wrong result: %s at call %d of rank %d of %d\n", kind_name(c.kind), c.call, c.rank, c.n);
@@ -239,8 +253,10 @@ void sweep() {
       ++clean;
     }
   }
-  std::printf("sweep: %zu cases, one process each: %d clean, %d wrong results, %d crashed, %d hung\n", cases().size(),
-              clean, wrong, crashed, hung);
+  std::printf(
+      "sweep: %zu cases, one process each: %d clean, %d wrong results, %d crashed, %d hung, %d with a thread left "
+      "after launch returned\n",
+      cases().size(), clean, wrong, crashed, hung, threads_left);
   // The throw cases one after another in one process.
   int aborted = 0;
   for (int run = 0; run < 10; ++run) {

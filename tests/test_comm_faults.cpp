@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <mutex>
 #include <regex>
 #include <thread>
@@ -596,3 +597,38 @@ TEST(CommFaults, KillNeedsProcesses) {
 }
 
 }  // namespace
+
+// After launch returns no thread of the backend runs, however the ranks ended: with
+// async work dropped on a group whose last reference its queued task holds (the
+// worker then destroys the group itself and cannot join its own thread), or failed
+// with work in flight.
+TEST(CommFaults, NoBackendThreadOutlivesLaunch) {
+  auto live_threads = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+    return n;
+  };
+  auto dropped_on_a_split = [](Group world) {
+    Group g = world.split(0);
+    all_reduce_async(g, Tensor::ones({1 << 14}), Tensor::empty({1 << 14}));  // dropped; g goes with the task
+  };
+  auto failed_in_flight = [](Group world) {
+    world.set_timeout(std::chrono::milliseconds(200));
+    Work w = all_reduce_async(world, Tensor::ones({1 << 14}), Tensor::empty({1 << 14}));
+    if (world.rank() == 1) throw std::runtime_error("rank 1 fails with work in flight");
+    all_reduce(world, Tensor::ones({4}));
+  };
+  launch(2, dropped_on_a_split);  // any lazily made pools exist before the count
+  const int before = live_threads();
+  int left = 0;
+  for (int i = 0; i < 40; ++i) {
+    launch(i % 2 ? 2 : 4, dropped_on_a_split);
+    left += live_threads() > before;
+    try {
+      launch(2, failed_in_flight);
+    } catch (const std::exception&) {
+    }
+    left += live_threads() > before;
+  }
+  EXPECT_EQ(left, 0) << "of 80 launches, " << left << " returned with a backend thread still running";
+}

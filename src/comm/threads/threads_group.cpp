@@ -52,9 +52,10 @@ ThreadsGroup::~ThreadsGroup() {
   if (!worker_.joinable()) return;
   queue_->stop.store(true);
   queue_->work.notify();
-  // The last task may hold the last reference, so this can run on the worker itself.
+  // The last task may hold the last reference, so this can run on the worker itself:
+  // launch joins it then (a detached thread could outlive launch).
   if (worker_.get_id() == std::this_thread::get_id()) {
-    worker_.detach();
+    shared_->world->adopt(std::move(worker_));
   } else {
     worker_.join();
   }

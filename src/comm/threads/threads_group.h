@@ -40,6 +40,8 @@ struct DeviceCall;  // device_collectives.h
 class World {
  public:
   explicit World(int size);
+  // A worker adopted after launch's last wait (none should be) is let go, not joined.
+  ~World();
   void abort(int rank, const std::string& message);  // keeps the first failure
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
   std::string abort_reason() const;  // "rank 2 failed: <message>"
@@ -65,7 +67,11 @@ class World {
   // Async workers of every rank; launch waits for them before returning.
   void worker_started(int rank);
   void worker_finished(int rank);
+  // Waits until every worker finished, then joins the adopted ones.
   void wait_for_workers();
+  // A worker whose group was destroyed on the worker itself (its last task held the
+  // last reference), so it cannot join itself: wait_for_workers joins it.
+  void adopt(std::thread worker);
 
   // ---- the wait-for graph (wait_graph.cpp) ----------------------------------------
   // A rank's own thread (the one launch started) waiting at the first barrier of a
@@ -106,6 +112,7 @@ class World {
   mutable std::mutex mutex_;
   std::string reason_;
   std::vector<std::weak_ptr<Signal>> signals_;
+  std::vector<std::thread> adopted_;
   std::condition_variable workers_cv_;
 };
 

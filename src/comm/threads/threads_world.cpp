@@ -80,14 +80,31 @@ void World::worker_finished(int rank) {
 }
 
 void World::wait_for_workers() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  // Workers start and finish under the mutex, so the per-rank counts are stable here.
-  workers_cv_.wait(lock, [&] {
-    for (int r = 0; r < size_; ++r) {
-      if (live_workers_[r].load() > 0) return false;
-    }
-    return true;
-  });
+  std::vector<std::thread> adopted;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // Workers start and finish under the mutex, so the per-rank counts are stable here.
+    workers_cv_.wait(lock, [&] {
+      for (int r = 0; r < size_; ++r) {
+        if (live_workers_[r].load() > 0) return false;
+      }
+      return true;
+    });
+    adopted.swap(adopted_);
+  }
+  // Each has finished its last task; joined, none is left running once launch returns.
+  for (std::thread& t : adopted) t.join();
+}
+
+World::~World() {
+  for (std::thread& t : adopted_) {
+    if (t.joinable()) t.detach();
+  }
+}
+
+void World::adopt(std::thread worker) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  adopted_.push_back(std::move(worker));
 }
 
 // ---- Shared -------------------------------------------------------------------------
