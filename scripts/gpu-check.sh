@@ -76,11 +76,11 @@ fi
 # ---- build: the library, the CUDA tests and gpu_bench only ---------------------------
 targets=(dtensor test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_optim test_cuda_factories
          test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops test_attention_tiles
-         test_random_shared test_cuda_training test_cuda_conformance gpu_bench)
+         test_random_shared test_cuda_training test_cuda_conformance test_cuda_nccl test_nccl_support gpu_bench)
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON \
   -DDTENSOR_CUDA_ARCHITECTURES="$archs" -DCMAKE_CUDA_COMPILER="$nvcc" -DDTENSOR_WITH_MPI=OFF \
-  -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_WITH_BLIS=OFF -DDTENSOR_BUILD_EXAMPLES=OFF "${prefix_args[@]}" >>"$log" 2>&1 &&
+  -DDTENSOR_WITH_NCCL=AUTO -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_WITH_BLIS=OFF -DDTENSOR_BUILD_EXAMPLES=OFF "${prefix_args[@]}" >>"$log" 2>&1 &&
   cmake --build "$build" -j "$jobs" --target "${targets[@]}" >>"$log" 2>&1
 build_rc=$?
 say "- build: $([ $build_rc -eq 0 ] && echo ok || echo FAILED) in $(($(date +%s) - t0)) s (log: gpu-check.log)"
@@ -99,7 +99,7 @@ test_rc=0
 : >"$out/tests.txt"
 for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_optim test_cuda_factories \
   test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops test_attention_tiles \
-  test_random_shared test_cuda_training test_cuda_conformance; do
+  test_random_shared test_cuda_training test_cuda_conformance test_cuda_nccl test_nccl_support; do
   # 90 s each keeps the whole check inside one device call even when a suite hangs.
   DTENSOR_REQUIRE_GPU=1 timeout 90 "$build/tests/$t" >"$build/$t.txt" 2>&1
   rc=$?

@@ -362,7 +362,7 @@ TEST(CommThreads, InitFindsTheLaunchedWorldAndRejectsUnknownNames) {
     init("gloo");
     ADD_FAILURE() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_STREQ(e.what(), "[init] unknown backend 'gloo'; valid backends: threads, mpi, any");
+    EXPECT_STREQ(e.what(), "[init] unknown backend 'gloo'; valid backends: threads, mpi, nccl, any");
   }
   EXPECT_TRUE(is_available("threads"));
   EXPECT_FALSE(is_available("gloo"));

@@ -1,18 +1,23 @@
 // Communication: process groups, collectives and point-to-point messages.
 //
 // A `Group` is a cheap-to-copy handle (MLX style) over a backend's group: the
-// `threads` backend (ranks are threads of this process, started by `launch`) or
-// `mpi` (one process per rank, started by mpirun, through `init("mpi")`). Every
-// program is SPMD: all ranks of a group call the same collectives in the same
-// order with matching sizes.
+// `threads` backend (ranks are threads of this process, started by `launch`), `mpi`
+// (one process per rank, started by mpirun, through `init("mpi")`) or `nccl` (one
+// GPU per rank, through `init("nccl")` inside `launch` or under mpirun; CPU tensors
+// on it go through the threads or MPI group it was made from). Every program is
+// SPMD: all ranks of a group call the same collectives in the same order with
+// matching sizes.
 //
 // Conventions of every function below (see docs/communication.md):
 // - Free functions taking the group first: `all_reduce(group, t, ReduceOp::Sum)`.
 // - `op(...)` returns a new tensor; `op_(...)` works in place (as Tensor::copy_);
 //   `op_into(...)` writes into a given output; `op_async(...)` does the same and
 //   returns a `Work` at once.
-// - Tensors must be on the CPU for `threads` and `mpi`. Inputs of any layout are
-//   accepted (non-contiguous ones are copied first).
+// - Tensors on the CPU (every backend), or on a GPU for `threads` (all ranks in one
+//   process) and `nccl` (each rank's own GPU). Inputs of any layout are accepted
+//   (non-contiguous ones are copied first). On a GPU calls are stream ordered: a
+//   synchronous call returns once queued, and `Work::wait` makes the caller's
+//   stream wait for the call instead of blocking the host.
 // - A group of size 1 returns its input (or copies it into the given output)
 //   without communicating.
 // - Uneven sizes follow the chunk rule of DESIGN.md unless sizes are given.
@@ -61,7 +66,7 @@ class Group {
   bool defined() const { return impl_ != nullptr; }
   int rank() const;
   int size() const;
-  std::string backend() const;  // "threads" or "mpi"
+  std::string backend() const;  // "threads", "mpi" or "nccl"
   // "world", then "world/c2" for the split with color 2 of it, and so on.
   std::string name() const;
 
@@ -92,8 +97,11 @@ void launch(int n, const std::function<void(Group world)>& fn);
 
 // The world group of a backend: "threads" (inside `launch`: this rank's world;
 // elsewhere a group of size 1), "mpi" (MPI_COMM_WORLD; initialises MPI once),
-// "any" (threads inside launch, else mpi when started by mpirun and built with
-// MPI, else threads). An empty name reads DTENSOR_BACKEND, default "any".
+// "nccl" (one GPU per rank: a launch rank takes the GPU of its rank, an MPI process
+// that of its rank on its host; bootstrapped over the launch's world or MPI's;
+// std::runtime_error where there is no GPU, fewer GPUs than ranks on a host, or no
+// NCCL in the build), "any" (threads inside launch, else mpi when started by mpirun
+// and built with MPI, else threads). An empty name reads DTENSOR_BACKEND, default "any".
 Group init(std::string_view backend = "");
 // A group of the calling rank alone, made without communication on any backend
 // (its collectives return their inputs). local_mesh() is built on it.

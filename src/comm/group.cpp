@@ -5,11 +5,13 @@
 #include <thread>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cuda/cuda_runtime.h"
 #include "comm/collective_args.h"
 #include "comm/comm_backend.h"
 #include "comm/fault_injection.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi/mpi_backend.h"
+#include "comm/nccl/nccl_backend.h"
 #include "comm/threads/threads_group.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/error.h"
@@ -179,7 +181,7 @@ void launch(int n, const std::function<void(Group world)>& fn) {
 // ---- init ------------------------------------------------------------------------------
 
 namespace {
-const char* const kBackends = "threads, mpi, any";
+const char* const kBackends = "threads, mpi, nccl, any";
 
 Group single_threads_group() {
   // Outside launch the threads backend has one rank; one world per process.
@@ -197,12 +199,15 @@ Group self_group() {
 std::vector<std::string> available_backends() {
   std::vector<std::string> names{"threads"};
   if (comm::mpi_compiled()) names.push_back("mpi");
+  if (is_available("nccl")) names.push_back("nccl");
   return names;
 }
 
 bool is_available(std::string_view backend) {
   if (backend == "threads" || backend == "any") return true;
   if (backend == "mpi") return comm::mpi_compiled();
+  // Built, and a GPU to run on.
+  if (backend == "nccl") return comm::nccl_compiled() && backend::cuda::device_count() > 0;
   return false;
 }
 
@@ -216,6 +221,13 @@ Group init(std::string_view backend) {
     return launched_world.defined() ? launched_world : single_threads_group();
   }
   if (name == "mpi") return Group(comm::mpi_world());
+  if (name == "nccl") {
+    // Bootstrapped over the launch's threads world, or MPI's when mpirun started us.
+    Group host = launched_world.defined()                                  ? launched_world
+                 : comm::mpi_compiled() && comm::started_by_mpi_launcher() ? Group(comm::mpi_world())
+                                                                           : single_threads_group();
+    return Group(comm::nccl_world(host.impl()));
+  }
   if (name == "any") {
     // Documented order: the launch we are in, then MPI when mpirun started us, then
     // a single-rank threads group.
