@@ -2,8 +2,10 @@
 // and its gradient, nn::Module::to(Device), and GPT training on one GPU, one rank,
 // DDP and FSDP (ZeRO-3) with two ranks sharing it, and a 2-stage pipeline (its
 // activations and gradients sent between the ranks as CUDA tensors), against the
-// same training on the CPU. Skips with a
-// message where no GPU is visible, except the checks that need none.
+// same training on the CPU; DDP and FSDP on the nccl backend, one GPU per rank (two
+// GPUs or more). Skips with a message where no GPU is visible, except the checks that
+// need none.
+#include "backend/cuda/cuda_runtime.h"
 #include "dtensor/data.h"
 #include "dtensor/models/gpt.h"
 #include "dtensor/models/gpt_pipeline.h"
@@ -22,8 +24,10 @@ const Device kGpu = Device::cuda(0);
 
 // `steps` steps of AdamW with a global batch of 8, data parallel over `world` ranks
 // (DDP, or FSDP stage 3 per block), the model and the batches on `device`; with
-// `moe`, the blocks' MLPs are mixtures of 4 experts, top-2 (routing on the device).
-dtensor::testing::TrainingRun train(int world, Device device, int steps, bool fsdp = false, bool moe = false) {
+// `moe`, the blocks' MLPs are mixtures of 4 experts, top-2 (routing on the device);
+// with `nccl`, over init("nccl"), each rank on the GPU of its rank (`device` unused).
+dtensor::testing::TrainingRun train(int world, Device device, int steps, bool fsdp = false, bool moe = false,
+                                    bool nccl = false) {
   dtensor::testing::TrainingRun result;
   models::GPTConfig config = dtensor::testing::tiny_gpt();
   if (moe) {
@@ -31,7 +35,9 @@ dtensor::testing::TrainingRun train(int world, Device device, int steps, bool fs
     config.moe_top_k = 2;
   }
   const int64_t global_batch = 8;
-  launch(world, [&](Group g) {
+  launch(world, [&, device](Group threads) mutable {
+    const Group g = nccl ? init("nccl") : threads;
+    if (nccl) device = Device::cuda(g.rank());
     DeviceMesh mesh(g, {world}, {"dp"});
     SyntheticLanguage data(config.vocab, config.block_size, 64, 3);
     DistributedSampler sampler(data.size(), global_batch, mesh.coordinate(0), world, 5, true, 1);
@@ -218,4 +224,16 @@ TEST(ModuleTo, APipelineOfTwoStagesOnOneGpuMatchesTheCpu) {
                                         std::string(parallel::schedule_kind_name(kind)) + " over 2 stages on one GPU",
                                         dtensor::testing::kAcrossDevices);
   }
+}
+
+// The nccl backend (issue 28): DDP and FSDP over one GPU per rank, the same training
+// as on the CPU. Needs two GPUs.
+TEST(NcclTraining, DdpAndFsdpOverOneGpuPerRankMatchTheCpu) {
+  REQUIRE_GPU();
+  if (backend::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (one per rank)";
+  const dtensor::testing::TrainingRun cpu = train(1, Device::cpu(), 6);
+  dtensor::testing::expect_equivalent(train(2, kGpu, 6, false, false, true), cpu, "DDP on nccl, 2 GPUs",
+                                      dtensor::testing::kAcrossDevices);
+  dtensor::testing::expect_equivalent(train(2, kGpu, 6, true, false, true), cpu, "FSDP (ZeRO-3) on nccl, 2 GPUs",
+                                      dtensor::testing::kAcrossDevices);
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <numeric>
 #include <thread>
+#include <tuple>
 
 #include "backend/cuda/cuda_check.h"
 #include "comm/nccl/nccl_group.h"
@@ -57,10 +58,35 @@ std::byte* at(void* p, int64_t elements, size_t esize) {
 void copy_rows(void* dst, int64_t dst_stride, const void* src, int64_t src_stride, int64_t width, int64_t rows,
                size_t esize, cudaStream_t stream) {
   if (width == 0 || rows == 0) return;
+  if (rows == 1) {  // a single segment: its stride means nothing (it may be 0)
+    backend::cuda::check(cudaMemcpyAsync(dst, src, width * esize, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync");
+    return;
+  }
   backend::cuda::check(cudaMemcpy2DAsync(dst, dst_stride * esize, src, src_stride * esize, width * esize, rows,
                                          cudaMemcpyDeviceToDevice, stream),
                        "cudaMemcpy2DAsync");
 }
+
+// ncclGroupStart for the scope: an exception before end() still closes the group
+// (NCCL's group depth is per thread: left open, every later call of the thread would
+// be held in it).
+class NcclGroupScope {
+ public:
+  NcclGroupScope() : open_(ncclGroupStart() == ncclSuccess) {}
+  ~NcclGroupScope() {
+    if (open_) ncclGroupEnd();
+  }
+  NcclGroupScope(const NcclGroupScope&) = delete;
+  NcclGroupScope& operator=(const NcclGroupScope&) = delete;
+  ncclResult_t end() {
+    if (!open_) return ncclInternalError;
+    open_ = false;
+    return ncclGroupEnd();
+  }
+
+ private:
+  bool open_;
+};
 
 }  // namespace
 
@@ -98,13 +124,13 @@ WorkPtr NcclGroup::all_gather(const void* in, void* out, const std::vector<int64
     }
     case BlockRoute::PerRank: {
       void* packed = outer == 1 ? out : temporaries.emplace_back(scratch(total * outer * esize));
-      nccl_check(ncclGroupStart(), kOp, "ncclGroupStart");
+      NcclGroupScope grouped;
       for (int r = 0; r < size_; ++r) {
         if (counts[r] == 0) continue;
         nccl_check(ncclBroadcast(in, at(packed, outer * offsets[r], esize), outer * counts[r], type, r, comm_, stream_),
                    kOp, "ncclBroadcast");
       }
-      nccl_check(ncclGroupEnd(), kOp, "ncclGroupEnd");
+      nccl_check(grouped.end(), kOp, "ncclGroupEnd");
       if (outer != 1) {
         for (int r = 0; r < size_; ++r) {
           copy_rows(at(out, offsets[r], esize), total, at(packed, outer * offsets[r], esize), counts[r], counts[r],
@@ -142,14 +168,14 @@ WorkPtr NcclGroup::reduce_scatter(const void* in, void* out, const std::vector<i
   if (route != BlockRoute::PerRank) {
     nccl_check(ncclReduceScatter(packed, out, outer * counts[0], type, red, comm_, stream_), kOp, "ncclReduceScatter");
   } else {
-    nccl_check(ncclGroupStart(), kOp, "ncclGroupStart");
+    NcclGroupScope grouped;
     for (int r = 0; r < size_; ++r) {
       if (counts[r] == 0) continue;
       nccl_check(
           ncclReduce(at(packed, outer * offsets[r], esize), out, outer * counts[r], type, red, r, comm_, stream_), kOp,
           "ncclReduce");
     }
-    nccl_check(ncclGroupEnd(), kOp, "ncclGroupEnd");
+    nccl_check(grouped.end(), kOp, "ncclGroupEnd");
   }
   return end(call, async, temporaries);
 }
@@ -162,7 +188,7 @@ WorkPtr NcclGroup::all_to_all(const void* in, const std::vector<int64_t>& send_c
   const size_t esize = dtype_size(dtype);
   const ncclDataType_t type = nccl_type(dtype);
   const std::vector<int64_t> send_offsets = offsets_of(send_counts), recv_offsets = offsets_of(recv_counts);
-  nccl_check(ncclGroupStart(), kOp, "ncclGroupStart");
+  NcclGroupScope grouped;
   for (int r = 0; r < size_; ++r) {
     if (send_counts[r] > 0) {
       nccl_check(ncclSend(at(in, send_offsets[r], esize), send_counts[r], type, r, comm_, stream_), kOp, "ncclSend");
@@ -171,7 +197,7 @@ WorkPtr NcclGroup::all_to_all(const void* in, const std::vector<int64_t>& send_c
       nccl_check(ncclRecv(at(out, recv_offsets[r], esize), recv_counts[r], type, r, comm_, stream_), kOp, "ncclRecv");
     }
   }
-  nccl_check(ncclGroupEnd(), kOp, "ncclGroupEnd");
+  nccl_check(grouped.end(), kOp, "ncclGroupEnd");
   return end(call, async);
 }
 
@@ -196,7 +222,7 @@ void NcclGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void*
               send.widths[r], send.rows, esize, stream_);
     offset += send.count(r);
   }
-  nccl_check(ncclGroupStart(), kOp, "ncclGroupStart");
+  NcclGroupScope grouped;
   int64_t send_offset = 0, recv_offset = 0;
   for (int r = 0; r < size_; ++r) {
     if (send.count(r) > 0) {
@@ -210,7 +236,7 @@ void NcclGroup::all_to_all_blocks(const void* in, const BlockLayout& send, void*
     send_offset += send.count(r);
     recv_offset += recv.count(r);
   }
-  nccl_check(ncclGroupEnd(), kOp, "ncclGroupEnd");
+  nccl_check(grouped.end(), kOp, "ncclGroupEnd");
   offset = 0;
   for (int r = 0; r < size_; ++r) {
     copy_rows(at(out, recv.offsets[r], esize), recv.stride, at(recv_packed, offset, esize), recv.widths[r],
@@ -236,7 +262,7 @@ WorkPtr NcclGroup::rooted(const char* op, const void* in, void* out, const std::
   const size_t esize = dtype_size(dtype);
   const ncclDataType_t type = nccl_type(dtype);
   const std::vector<int64_t> offsets = offsets_of(counts);
-  nccl_check(ncclGroupStart(), op, "ncclGroupStart");
+  NcclGroupScope grouped;
   if (rank_ == root) {
     for (int r = 0; r < size_; ++r) {
       if (r == root || counts[r] == 0) continue;
@@ -249,7 +275,7 @@ WorkPtr NcclGroup::rooted(const char* op, const void* in, void* out, const std::
                        : ncclRecv(out, counts[rank_], type, root, comm_, stream_),
                op, to_root ? "ncclSend" : "ncclRecv");
   }
-  nccl_check(ncclGroupEnd(), op, "ncclGroupEnd");
+  nccl_check(grouped.end(), op, "ncclGroupEnd");
   if (rank_ == root && counts[root] > 0) {
     void* dst = to_root ? at(out, offsets[root], esize) : out;
     const void* src = to_root ? in : at(in, offsets[root], esize);
@@ -273,14 +299,20 @@ WorkPtr NcclGroup::scatter(const void* in, void* out, const std::vector<int64_t>
 
 WorkPtr NcclGroup::barrier(bool async) {
   const char* kOp = "barrier";
-  cudaSetDevice(device_);
-  const Call call = begin(kOp);
-  nccl_check(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_), kOp, "ncclAllReduce");
-  WorkPtr work = end(call, true);
+  WorkPtr work;
+  {
+    const Call call = begin(kOp);
+    nccl_check(ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_), kOp,
+               "ncclAllReduce");
+    work = end(call, true);
+  }  // the API lock goes: the watchdog may abort while this rank waits below
   if (async) return work;
   // A barrier holds the host until every rank reached it; the watchdog's abort ends
   // the wait of a rank whose peers never come.
-  while (!work->is_completed()) std::this_thread::yield();
+  while (!work->is_completed()) {
+    throw_if_failed(kOp);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   work->wait();
   return nullptr;
 }
@@ -296,9 +328,18 @@ WorkPtr NcclGroup::send_recv(const std::vector<P2PBuffer>& ops) {
     DT_CHECK_ARG(b.device.index == device_, b.is_send ? "send" : "recv", "group '", name_,
                  "' (nccl) communicates on cuda:", device_, ", the tensor is on ", b.device.to_string());
   }
+  // NCCL matches a pair's messages by order, not by tag: within a batch, each peer's
+  // sends and receives go in tag order (then posting order), so both sides of a batch
+  // pair them by tag whatever order they were listed in.
+  std::vector<const P2PBuffer*> ordered;
+  for (const P2PBuffer& b : ops) ordered.push_back(&b);
+  std::stable_sort(ordered.begin(), ordered.end(), [](const P2PBuffer* a, const P2PBuffer* b) {
+    return std::tie(a->peer, a->is_send, a->tag) < std::tie(b->peer, b->is_send, b->tag);
+  });
   const Call call = begin(kOp);
-  nccl_check(ncclGroupStart(), kOp, "ncclGroupStart");
-  for (const P2PBuffer& b : ops) {
+  NcclGroupScope grouped;
+  for (const P2PBuffer* op : ordered) {
+    const P2PBuffer& b = *op;
     const int64_t count = b.bytes / static_cast<int64_t>(dtype_size(b.dtype));
     if (b.is_send) {
       nccl_check(ncclSend(b.data, count, nccl_type(b.dtype), b.peer, comm_, stream_), "send", "ncclSend");
@@ -306,7 +347,7 @@ WorkPtr NcclGroup::send_recv(const std::vector<P2PBuffer>& ops) {
       nccl_check(ncclRecv(b.data, count, nccl_type(b.dtype), b.peer, comm_, stream_), "recv", "ncclRecv");
     }
   }
-  nccl_check(ncclGroupEnd(), kOp, "ncclGroupEnd");
+  nccl_check(grouped.end(), kOp, "ncclGroupEnd");
   return end(call, true);
 }
 

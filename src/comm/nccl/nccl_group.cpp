@@ -31,11 +31,43 @@ using backend::cuda::check;
 // the deadline.
 ncclResult_t settle(ncclComm_t comm, Clock::time_point deadline) {
   ncclResult_t state = ncclInProgress;
-  while (true) {
-    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return ncclInternalError;
+  for (int spins = 0;; ++spins) {
+    if (const ncclResult_t r = ncclCommGetAsyncError(comm, &state); r != ncclSuccess) return r;
     if (state != ncclInProgress || Clock::now() > deadline) return state;
-    std::this_thread::yield();
+    if (spins < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
+}
+
+// Makes `device` current for the scope and restores the previous one (the CUDA
+// runtime wrappers cache the current device per thread).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = previous_;
+    cudaGetDevice(&now);
+    if (now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// Whether `event` has run; a not-ready answer leaves no error behind for the thread's
+// next cudaGetLastError.
+bool event_done(cudaEvent_t event) {
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaErrorNotReady) cudaGetLastError();
+  return status == cudaSuccess;
 }
 
 Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
@@ -51,7 +83,7 @@ ncclConfig_t nonblocking_config() {
 
 EventPtr make_event() {
   cudaEvent_t event = nullptr;
-  backend::cuda::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
   return EventPtr(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
 }
 
@@ -63,10 +95,16 @@ class Watchdog {
     static auto* dog = new Watchdog;  // never destroyed: groups may die during static destruction
     return *dog;
   }
-  void add(const std::shared_ptr<NcclGroup>& group) {
+  void add(NcclGroup* group) {
     std::lock_guard<std::mutex> lock(mutex_);
     groups_.push_back(group);
     std::call_once(started_, [this] { std::thread([this] { run(); }).detach(); });
+  }
+  // From ~NcclGroup: waits for a round in progress, so the watchdog never touches a
+  // group being destroyed, and never destroys one itself.
+  void remove(NcclGroup* group) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase(groups_, group);
   }
 
  private:
@@ -74,19 +112,12 @@ class Watchdog {
   void run() {
     while (true) {
       std::this_thread::sleep_for(kTick);
-      std::vector<std::shared_ptr<NcclGroup>> live;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        std::erase_if(groups_, [](const std::weak_ptr<NcclGroup>& g) { return g.expired(); });
-        for (const auto& g : groups_) {
-          if (auto group = g.lock()) live.push_back(std::move(group));
-        }
-      }
-      for (const auto& group : live) group->watch();
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (NcclGroup* group : groups_) group->watch();
     }
   }
   std::mutex mutex_;
-  std::vector<std::weak_ptr<NcclGroup>> groups_;
+  std::vector<NcclGroup*> groups_;
   std::once_flag started_;
 };
 
@@ -100,12 +131,11 @@ class NcclWork final : public WorkImpl {
   void wait() override {
     group_->throw_if_failed(op_);
     cudaStream_t stream = static_cast<cudaStream_t>(backend::cuda::current_stream(group_->device()));
-    backend::cuda::check(cudaStreamWaitEvent(stream, done_.get(), 0), "cudaStreamWaitEvent");
+    check(cudaStreamWaitEvent(stream, done_.get(), 0), "cudaStreamWaitEvent");
   }
-  bool is_completed() override {
-    group_->throw_if_failed(op_);
-    return cudaEventQuery(done_.get()) == cudaSuccess;
-  }
+  // Never throws (a dropped Work asks from its destructor): an aborted call's kernels
+  // have ended, so its event completes; wait() reports the abort.
+  bool is_completed() override { return event_done(done_.get()); }
   void retain(std::shared_ptr<void> buffers) override { group_->retain_until(done_, std::move(buffers)); }
 
  private:
@@ -123,29 +153,43 @@ NcclGroup::NcclGroup(ncclComm_t comm, int device, std::shared_ptr<GroupImpl> hos
   name_ = host_->name();
   timeout_ = host_->timeout();
   set_flight_recorder(host_->flight_recorder());
-  backend::cuda::check(cudaSetDevice(device_), "cudaSetDevice");
-  backend::cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-  backend::cuda::check(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc");
-  backend::cuda::check(cudaMemset(barrier_word_, 0, sizeof(int32_t)), "cudaMemset");
+  const DeviceGuard guard(device_);
+  check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaMalloc(&barrier_word_, sizeof(int32_t)), "cudaMalloc");
+  check(cudaMemset(barrier_word_, 0, sizeof(int32_t)), "cudaMemset");
+  // Scratch for packing comes from the device's stream-ordered pool; keep what it
+  // grew to instead of returning it to the driver at every synchronisation.
+  cudaMemPool_t pool = nullptr;
+  if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
   ncclCommCount(comm_, &size_);
   ncclCommUserRank(comm_, &rank_);
 }
 
+void NcclGroup::registered() { Watchdog::instance().add(this); }
+
 NcclGroup::~NcclGroup() {
-  cudaSetDevice(device_);
+  Watchdog::instance().remove(this);
+  const DeviceGuard guard(device_);
   if (!failed_.load()) {
     // Flush what is queued, then free; a communicator that cannot finish in time is
     // aborted instead of holding this thread.
     const auto deadline = deadline_after(timeout_);
     ncclResult_t state = ncclCommFinalize(comm_);
-    if (state == ncclInProgress) state = settle(comm_, deadline);
+    if (state == ncclSuccess || state == ncclInProgress) state = settle(comm_, deadline);
     if (state == ncclSuccess) {
       ncclCommDestroy(comm_);
     } else {
       ncclCommAbort(comm_);
     }
   }
-  if (stream_) cudaStreamDestroy(stream_);
+  if (stream_) {
+    cudaStreamSynchronize(stream_);  // the buffers retained for it may go now
+    cudaStreamDestroy(stream_);
+  }
+  pending_.clear();
   if (barrier_word_) cudaFree(barrier_word_);
 }
 
@@ -174,13 +218,14 @@ bool NcclGroup::host_buffers(const char* op) const {
 }
 
 NcclGroup::Call NcclGroup::begin(const char* op) {
-  throw_if_failed(op);
+  std::unique_lock<std::recursive_mutex> api(api_);
+  throw_if_failed(op);  // after the lock: an abort in between is seen
   cudaStream_t caller = static_cast<cudaStream_t>(backend::cuda::current_stream(device_));
   // The producers' work on the caller's stream comes first.
   const EventPtr ready = make_event();
-  backend::cuda::check(cudaEventRecord(ready.get(), caller), "cudaEventRecord");
-  backend::cuda::check(cudaStreamWaitEvent(stream_, ready.get(), 0), "cudaStreamWaitEvent");
-  return Call{op, caller, calls_++};
+  check(cudaEventRecord(ready.get(), caller), "cudaEventRecord");
+  check(cudaStreamWaitEvent(stream_, ready.get(), 0), "cudaStreamWaitEvent");
+  return Call{op, caller, calls_++, std::move(api)};
 }
 
 void NcclGroup::nccl_check(ncclResult_t result, const char* op, const char* what) {
@@ -198,20 +243,20 @@ void NcclGroup::nccl_check(ncclResult_t result, const char* op, const char* what
 
 void* NcclGroup::scratch(size_t bytes) {
   void* p = nullptr;
-  backend::cuda::check(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_), "cudaMallocAsync");
+  check(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), stream_), "cudaMallocAsync");
   return p;
 }
 
 WorkPtr NcclGroup::end(const Call& call, bool async, const std::vector<void*>& scratch) {
-  for (void* p : scratch) backend::cuda::check(cudaFreeAsync(p, stream_), "cudaFreeAsync");
+  for (void* p : scratch) check(cudaFreeAsync(p, stream_), "cudaFreeAsync");
   EventPtr done = make_event();
-  backend::cuda::check(cudaEventRecord(done.get(), stream_), "cudaEventRecord");
+  check(cudaEventRecord(done.get(), stream_), "cudaEventRecord");
   {
     std::lock_guard<std::mutex> lock(mutex_);
     pending_.push_back({done, deadline_after(timeout_), call.op, call.seq, nullptr});
   }
   if (!async) {
-    backend::cuda::check(cudaStreamWaitEvent(call.caller, done.get(), 0), "cudaStreamWaitEvent");
+    check(cudaStreamWaitEvent(call.caller, done.get(), 0), "cudaStreamWaitEvent");
     return nullptr;
   }
   return std::make_shared<NcclWork>(shared_from_this(), call.op, std::move(done));
@@ -224,7 +269,10 @@ void NcclGroup::retain_until(EventPtr done, std::shared_ptr<void> buffers) {
 
 void NcclGroup::watch() {
   if (failed_.load()) return;
-  cudaSetDevice(device_);
+  // The rank is inside an NCCL call on this communicator: its own deadline covers it.
+  std::unique_lock<std::recursive_mutex> api(api_, std::try_to_lock);
+  if (!api.owns_lock() || failed_.load()) return;
+  const DeviceGuard guard(device_);
   ncclResult_t async_error = ncclSuccess;
   if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error != ncclSuccess &&
       async_error != ncclInProgress) {
@@ -234,23 +282,29 @@ void NcclGroup::watch() {
     return;
   }
   std::string overdue;
+  std::vector<Pending> finished;  // destroyed outside the lock (their buffers go back to the allocator)
   {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto now = Clock::now();
-    std::erase_if(pending_, [&](const Pending& p) {
-      if (cudaEventQuery(p.done.get()) == cudaSuccess) return true;
-      if (overdue.empty() && p.deadline != Clock::time_point::max() && now > p.deadline) {
-        overdue = detail::concat("[", p.op, "] timed out after ", timeout_.count() / 1000.0, " s in ", where(p.seq),
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (event_done(it->done.get())) {
+        finished.push_back(std::move(*it));
+        it = pending_.erase(it);
+        continue;
+      }
+      if (overdue.empty() && it->deadline != Clock::time_point::max() && now > it->deadline) {
+        overdue = detail::concat("[", it->op, "] timed out after ", timeout_.count() / 1000.0, " s in ", where(it->seq),
                                  ": it did not complete on the GPU (a rank of the group did not make this call, or "
                                  "stopped; DTENSOR_TIMEOUT_S or group.set_timeout); the communicator was aborted");
       }
-      return false;
-    });
+      ++it;
+    }
   }
   if (!overdue.empty()) abort(overdue);
 }
 
 void NcclGroup::abort(const std::string& reason) {
+  const std::lock_guard<std::recursive_mutex> api(api_);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failed_.load()) return;
@@ -269,6 +323,7 @@ void NcclGroup::abort(const std::string& reason) {
     ncclCommAbort(comm);
     finished->store(true);
   }).detach();
+  comm_ = nullptr;
   const auto give_up = Clock::now() + std::chrono::seconds(10);
   while (!finished->load() && Clock::now() < give_up) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (!finished->load()) {
@@ -279,28 +334,34 @@ void NcclGroup::abort(const std::string& reason) {
 
 std::shared_ptr<GroupImpl> NcclGroup::split(int color, int key) {
   const char* kOp = "split";
-  throw_if_failed(kOp);
-  cudaSetDevice(device_);
   // The host group splits the same way (it carries this group's host-memory calls).
   std::shared_ptr<GroupImpl> host_child = host().split(color, key);
+  const Call call = begin(kOp);
+  const DeviceGuard guard(device_);
   ncclConfig_t config = nonblocking_config();
   ncclComm_t child = nullptr;
-  const uint64_t seq = calls_++;
   ncclResult_t result = ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
+  // On a non-blocking parent the split finishes in the background (and only then
+  // writes `child`): the parent is polled whatever the call returned.
   const auto deadline = deadline_after(timeout_);
-  if (result == ncclInProgress) result = settle(comm_, deadline);
-  if (result == ncclSuccess && child) result = settle(child, deadline);
+  if (result == ncclSuccess || result == ncclInProgress) result = settle(comm_, deadline);
+  ncclComm_t made = __atomic_load_n(&child, __ATOMIC_ACQUIRE);
+  if (result == ncclSuccess && made) result = settle(made, deadline);
   if (result != ncclSuccess) {
-    if (child) ncclCommAbort(child);
-    abort(detail::concat("[split] ncclCommSplit ", result == ncclInProgress ? "did not complete" : "failed", " in ",
-                         where(seq), ": ", ncclGetErrorString(result)));
+    const std::string reason =
+        detail::concat("[split] ncclCommSplit ", result == ncclInProgress ? "did not complete" : "failed", " in ",
+                       where(call.seq), ": ", ncclGetErrorString(result));
+    abort(reason);  // joins the split's job: `child` is final after it
+    if (ncclComm_t late = __atomic_load_n(&child, __ATOMIC_ACQUIRE)) ncclCommAbort(late);
     throw_if_failed(kOp);
   }
   if (color < 0) return nullptr;
-  DT_CHECK_SUPPORTED(child != nullptr && host_child != nullptr, kOp, "NCCL and the host group disagree on color ",
+  DT_CHECK_SUPPORTED(made != nullptr && host_child != nullptr, kOp, "NCCL and the host group disagree on color ",
                      color);
-  auto group = std::make_shared<NcclGroup>(child, device_, host_child);
-  Watchdog::instance().add(group);
+  auto group = std::make_shared<NcclGroup>(made, device_, host_child);
+  DT_CHECK_SUPPORTED(group->rank() == host_child->rank(), kOp, "NCCL ranks this rank ", group->rank(), " of color ",
+                     color, ", the host group ", host_child->rank());
+  group->registered();
   return group;
 }
 
@@ -325,8 +386,18 @@ std::shared_ptr<GroupImpl> nccl_world(const std::shared_ptr<GroupImpl>& host) {
   if (host->backend() == "mpi") {
     if (auto from_env = local_rank_from_env()) local = *from_env;
   }
-  const int device = nccl_device_for(local.rank, local.size, backend::cuda::device_count());
+  const int devices = backend::cuda::device_count();
+  // Threads: the ranks share this process's GPUs, so more ranks than GPUs would put
+  // two on one. MPI: a launcher may show each process only its own GPU, so the GPU is
+  // the local rank's modulo what is visible, and NCCL itself refuses a real sharing.
+  if (devices <= 0) nccl_device_for(0, 1, devices);  // says there is no GPU
+  const int device = host->backend() == "mpi" ? local.rank % devices : nccl_device_for(local.rank, local.size, devices);
   backend::cuda::check(cudaSetDevice(device), "cudaSetDevice");
+  // A host group of its own: its timeout follows this group's, and the user's world
+  // keeps its own.
+  std::shared_ptr<GroupImpl> own_host = host->split(0, host->rank());
+  own_host->set_name(host->name());
+  own_host->set_flight_recorder(host->flight_recorder());
   ncclUniqueId id{};
   if (host->rank() == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
@@ -347,12 +418,14 @@ std::shared_ptr<GroupImpl> nccl_world(const std::shared_ptr<GroupImpl>& host) {
     if (comm) ncclCommAbort(comm);
     throw std::runtime_error(detail::concat(
         "[init] NCCL communicator of ", host->size(), " ranks (this is rank ", host->rank(), " on cuda:", device, ") ",
-        result == ncclInProgress ? detail::concat("not ready after ", host->timeout().count() / 1000.0,
-                                                  " s: a rank did not call init(\"nccl\"), or cannot reach the others")
-                                 : detail::concat("could not be made: ", ncclGetErrorString(result))));
+        result == ncclInProgress
+            ? detail::concat("not ready after ", host->timeout().count() / 1000.0,
+                             " s: a rank did not call init(\"nccl\"), or cannot reach the others")
+            : detail::concat("could not be made: ", ncclGetErrorString(result),
+                             result == ncclInvalidUsage ? " (two ranks on one GPU? NCCL does not allow it)" : "")));
   }
-  auto world = std::make_shared<nccl::NcclGroup>(comm, device, host);
-  nccl::Watchdog::instance().add(world);
+  auto world = std::make_shared<nccl::NcclGroup>(comm, device, own_host);
+  world->registered();
   std::lock_guard<std::mutex> lock(mutex);
   worlds[host.get()] = {host, world};
   return world;

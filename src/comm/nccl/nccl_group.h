@@ -12,8 +12,10 @@
 // group (threads or mpi), as PyTorch pairs gloo with nccl.
 //
 // Faults: communicators are non-blocking (ncclConfig_t.blocking = 0). A process-wide
-// watchdog polls every group every 100 ms: an asynchronous NCCL error, or a call
-// whose `done` has not run within the group's timeout, aborts the communicator
+// watchdog polls every group every 100 ms (skipping a group whose rank is inside an
+// NCCL call: NCCL's calls on one communicator must not overlap, and the rank's own
+// deadline covers that call): an asynchronous NCCL error, or a call whose `done`
+// has not run within the group's timeout, aborts the communicator
 // (ncclCommAbort on a helper thread; the process ends with status 124 should abort
 // itself hang for 10 s), dumps the flight records, and every later call, wait or
 // completion check on the group throws the reason (op, group, call number).
@@ -72,6 +74,8 @@ class NcclGroup final : public GroupImpl, public std::enable_shared_from_this<Nc
   WorkPtr send_recv(const std::vector<P2PBuffer>& ops) override;
   void injected_stall() override { host_->injected_stall(); }
 
+  // Puts the group under the watchdog (once made; the destructor takes it off).
+  void registered();
   // The watchdog's round (nccl_group.cpp): asynchronous errors and overdue calls.
   void watch();
   // Throws the reason the communicator was aborted, naming `op`.
@@ -80,13 +84,15 @@ class NcclGroup final : public GroupImpl, public std::enable_shared_from_this<Nc
   void retain_until(EventPtr done, std::shared_ptr<void> buffers);
 
  private:
-  // One call being queued: the caller's stream and the call's number.
+  // One call being queued: the caller's stream and the call's number, and the lock
+  // that keeps the watchdog's NCCL calls (and abort) off the communicator meanwhile.
   struct Call {
     const char* op;
     cudaStream_t caller;
     uint64_t seq;
+    std::unique_lock<std::recursive_mutex> api;
   };
-  // Checks the group's state and the buffers' device, and orders the communicator's
+  // Takes the API lock, checks the group's state, and orders the communicator's
   // stream after the caller's current stream.
   Call begin(const char* op);
   // Records `done` after what was queued; sync: the caller's stream waits for it;
@@ -99,6 +105,7 @@ class NcclGroup final : public GroupImpl, public std::enable_shared_from_this<Nc
                  bool to_root, bool async);
   bool host_buffers(const char* op) const;  // this call's buffers are host memory
   GroupImpl& host();                        // with this group's timeout
+  // With api_ held (the caller's, or taken here): frees the communicator.
   void abort(const std::string& reason);
   std::string where(uint64_t seq) const;  // "group 'x' (nccl, size n, this is rank r), call #k"
 
@@ -117,7 +124,11 @@ class NcclGroup final : public GroupImpl, public std::enable_shared_from_this<Nc
     uint64_t seq;
     std::shared_ptr<void> keep;
   };
-  mutable std::mutex mutex_;
+  // Held around every NCCL call on comm_ (NCCL's calls on one communicator must not
+  // overlap, ncclCommGetAsyncError included): the rank's calls hold it throughout,
+  // the watchdog only tries it, abort() takes it.
+  std::recursive_mutex api_;
+  mutable std::mutex mutex_;  // pending_, error_
   std::deque<Pending> pending_;
   std::string error_;
   std::atomic<bool> failed_{false};
