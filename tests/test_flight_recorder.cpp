@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "comm/collective_args.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/flight_recorder.h"
 
@@ -321,4 +322,26 @@ TEST(FlightRecorder, OnAMeshOnlyTheStalledRankIsTheSuspect) {
   const FlightAnalysis analysis = analyze_flight_records(dir.path());
   EXPECT_EQ(analysis.suspects, std::vector<int>{1}) << analysis.report();
   EXPECT_TRUE(contains(analysis.report(), "suspect: rank 1, which stopped communicating")) << analysis.report();
+}
+
+// A backend that completes calls after they return (nccl: when the GPU ran them)
+// takes the record over: the public call returning leaves it started.
+TEST(FlightRecorder, ABackendCanCompleteACallAfterItReturned) {
+  launch(2, [](Group world) {
+    comm::FlightRecorder& recorder = *world.impl()->flight_recorder();
+    comm::FlightRef taken;
+    {
+      comm::FlightToken token = comm::begin_call("all_reduce", world, 16, {.dtype = DType::F32, .in_count = 4});
+      taken = comm::CallContext::current().flight;  // what the backend reads while it runs the call
+      ASSERT_EQ(taken.recorder, &recorder);
+      recorder.defer(taken.group, taken.id);
+    }  // the call returns
+    EXPECT_EQ(comm::CallContext::current().flight.recorder, nullptr);
+    auto state = [&] {
+      return group_named(json::parse(flight_record_json(world)), "world").at("entries").at(0).at("state");
+    };
+    EXPECT_EQ(state(), "started");
+    recorder.complete(taken.group, taken.id, comm::FlightState::Completed);  // the GPU ran it
+    EXPECT_EQ(state(), "completed");
+  });
 }

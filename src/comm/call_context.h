@@ -7,6 +7,7 @@
 // common path costs nothing.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -14,12 +15,23 @@
 
 namespace dtensor::comm {
 
+class FlightRecorder;
+
+// The flight record of the public call being made (flight_recorder.h), for a backend
+// that completes calls later than they return (nccl: when the GPU has run them).
+struct FlightRef {
+  FlightRecorder* recorder = nullptr;
+  int group = -1;
+  uint64_t id = 0;
+};
+
 struct CallContext {
   std::string_view user_call;
   std::string_view purpose;
   // Where the buffers of the backend call being made lie (BufferDeviceScope): the
   // threads backend moves CUDA buffers with device copies and kernels.
   Device device = Device::cpu();
+  FlightRef flight;  // set by begin_call, cleared when its record moves on
   static CallContext& current() {
     thread_local CallContext context;
     return context;

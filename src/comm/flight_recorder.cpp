@@ -92,7 +92,9 @@ const char* flight_state_name(FlightState state) {
 // ---- FlightToken -----------------------------------------------------------------------
 
 FlightToken::FlightToken(std::shared_ptr<FlightRecorder> recorder, int group, uint64_t id)
-    : recorder_(std::move(recorder)), group_(group), id_(id), exceptions_(std::uncaught_exceptions()) {}
+    : recorder_(std::move(recorder)), group_(group), id_(id), exceptions_(std::uncaught_exceptions()) {
+  CallContext::current().flight = {recorder_.get(), group_, id_};
+}
 
 FlightToken::FlightToken(FlightToken&& other) noexcept
     : recorder_(std::move(other.recorder_)), group_(other.group_), id_(other.id_), exceptions_(other.exceptions_) {}
@@ -113,7 +115,9 @@ FlightToken::~FlightToken() {
 }
 
 void FlightToken::started() {
-  if (recorder_) recorder_->set_state(group_, id_, FlightState::Started, nullptr);
+  if (!recorder_) return;
+  recorder_->set_state(group_, id_, FlightState::Started, nullptr);
+  if (CallContext::current().flight.id == id_) CallContext::current().flight = {};
 }
 
 void FlightToken::completed() { finish(FlightState::Completed); }
@@ -127,6 +131,7 @@ void FlightToken::dropped(std::weak_ptr<void> buffers) {
 
 void FlightToken::finish(FlightState state) {
   if (!recorder_) return;
+  if (CallContext::current().flight.id == id_) CallContext::current().flight = {};
   const std::shared_ptr<FlightRecorder> recorder = std::move(recorder_);
   recorder->set_state(group_, id_, state, nullptr);
   if (state == FlightState::Failed) recorder->dump_on_failure("a communication call failed");
@@ -199,11 +204,29 @@ void FlightRecorder::set_state(int group, uint64_t id, FlightState state, const 
   std::lock_guard<std::mutex> lock(mutex_);
   Entry* e = find(group, id);
   if (!e) return;
+  // A deferred call is completed by its backend, not by the public call returning.
+  if (e->deferred && state == FlightState::Completed) return;
   e->state = state;
   if (state == FlightState::Completed || state == FlightState::Failed) e->done_us = now_us();
   if (dropped_buffers) {
     e->dropped = true;
     e->buffers = *dropped_buffers;
+  }
+}
+
+void FlightRecorder::defer(int group, uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(group, id)) {
+    e->deferred = true;
+    if (e->state == FlightState::Issued) e->state = FlightState::Started;
+  }
+}
+
+void FlightRecorder::complete(int group, uint64_t id, FlightState state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Entry* e = find(group, id)) {
+    e->state = state;
+    e->done_us = now_us();
   }
 }
 

@@ -17,6 +17,10 @@
 // sends and receives per group, peer, tag and direction ("match": the k-th send from
 // a to b with tag t is the k-th receive of b from a with tag t).
 //
+// A backend whose calls complete after they return (nccl: when the GPU has run them)
+// takes the call's record over (defer): the token then leaves it "started", and the
+// backend marks it completed or failed when it knows (complete).
+//
 // Costs: a mutex, a clock read and an entry copy per call (~0.1 us); nothing on a
 // group of one rank; nothing at all with DTENSOR_FLIGHT_RECORDER_ENTRIES=0.
 #pragma once
@@ -89,6 +93,9 @@ class FlightRecorder {
 
   int rank() const { return rank_; }
   FlightToken record(GroupImpl& group, const FlightCall& call);
+  // The backend takes over entry `id` of `group` (see above); complete() ends it.
+  void defer(int group, uint64_t id);
+  void complete(int group, uint64_t id, FlightState state);
 
   // The record as JSON (the dump format, docs/communication.md "Flight recorder").
   // Safe from any thread (a watchdog's too).
@@ -124,6 +131,7 @@ class FlightRecorder {
     bool p2p = false;
     FlightState state = FlightState::Issued;
     bool dropped = false;
+    bool deferred = false;  // the backend marks it completed
     std::string context;  // the user-level call and the purpose (call_context.h)
     int64_t issued_us = 0, done_us = 0;
     std::weak_ptr<void> buffers;  // of a dropped call: expired once the backend is done

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_runtime.h"
@@ -251,9 +252,16 @@ WorkPtr NcclGroup::end(const Call& call, bool async, const std::vector<void*>& s
   for (void* p : scratch) check(cudaFreeAsync(p, stream_), "cudaFreeAsync");
   EventPtr done = make_event();
   check(cudaEventRecord(done.get(), stream_), "cudaEventRecord");
+  // The flight record completes when the GPU has run the call, not when it returns.
+  FlightRef flight = std::exchange(CallContext::current().flight, {});
+  if (flight.recorder && flight.recorder == flight_recorder().get()) {
+    flight.recorder->defer(flight.group, flight.id);
+  } else {
+    flight = {};
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    pending_.push_back({done, deadline_after(timeout_), call.op, call.seq, nullptr});
+    pending_.push_back({done, deadline_after(timeout_), call.op, call.seq, nullptr, flight});
   }
   if (!async) {
     check(cudaStreamWaitEvent(call.caller, done.get(), 0), "cudaStreamWaitEvent");
@@ -288,6 +296,7 @@ void NcclGroup::watch() {
     const auto now = Clock::now();
     for (auto it = pending_.begin(); it != pending_.end();) {
       if (event_done(it->done.get())) {
+        if (it->flight.recorder) it->flight.recorder->complete(it->flight.group, it->flight.id, FlightState::Completed);
         finished.push_back(std::move(*it));
         it = pending_.erase(it);
         continue;
@@ -310,6 +319,9 @@ void NcclGroup::abort(const std::string& reason) {
     if (failed_.load()) return;
     error_ = reason;
     failed_.store(true, std::memory_order_release);
+    for (const Pending& p : pending_) {
+      if (p.flight.recorder) p.flight.recorder->complete(p.flight.group, p.flight.id, FlightState::Failed);
+    }
   }
   std::fprintf(stderr, "[dtensor] %s\n", reason.c_str());
   std::fflush(stderr);

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/call_context.h"
 #include "comm/comm_backend.h"
 
 namespace dtensor::comm::nccl {
@@ -123,6 +124,7 @@ class NcclGroup final : public GroupImpl, public std::enable_shared_from_this<Nc
     const char* op;
     uint64_t seq;
     std::shared_ptr<void> keep;
+    FlightRef flight;  // the call's flight record, completed when `done` has run
   };
   // Held around every NCCL call on comm_ (NCCL's calls on one communicator must not
   // overlap, ncclCommGetAsyncError included): the rank's calls hold it throughout,
