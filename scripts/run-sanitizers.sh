@@ -37,13 +37,13 @@ if [ "$which" = all ] || [ "$which" = asan ]; then
     (cd build-asan && ASAN_OPTIONS=$asan ctest --output-on-failure --timeout 600 -j "$jobs" \
       -LE "mpi|stress|install" -E '^Redistribute\.Sampled2x2x2$')
   else
-    targets=(test_comm_threads test_comm_faults test_device_mesh test_redistribute test_cross_mesh test_dist_create
+    targets=(test_comm_threads test_comm_faults test_flight_recorder test_device_mesh test_redistribute test_cross_mesh test_dist_create
              test_local_map test_tensor test_views test_nn_kernels
              fuzz_placements fuzz_mesh_spec fuzz_config fuzz_redistribute fuzz_checkpoint)
     # The MPI programs where the build has MPI.
     grep -q '^build test_comm_mpi:' build-asan/build.ninja && targets+=(test_comm_mpi test_dist_mpi mpi_faults)
     cmake --build build-asan -j "$jobs" --target "${targets[@]}"
-    suites='Comm/|CommThreads\.|CommFaults\.|DeviceMesh|Redistribute\.|CrossMesh\.|DistCreate\.|FromLocal\.'
+    suites='Comm/|CommThreads\.|CommFaults\.|FlightRecorder\.|DeviceMesh|Redistribute\.|CrossMesh\.|DistCreate\.|FromLocal\.'
     suites+='|LocalBoundary\.|LocalMap\.|Tensor\.|Views\.|Activation\.|CrossEntropy\.|Embedding\.|NnErrors\.'
     suites+='|Norm\.|Softmax\.|fuzz_[a-z_]+_corpus$'
     (cd build-asan && ASAN_OPTIONS=$asan ctest --output-on-failure --timeout 600 -j "$jobs" \
@@ -60,12 +60,12 @@ fi
 if [ "$which" = all ] || [ "$which" = tsan ]; then
   echo "== TSan (gcc) $(date +%T)"
   CC=gcc CXX=g++ cmake -S . -B build-tsan "${common[@]}" -DDTENSOR_SANITIZE=thread -DDTENSOR_WITH_MPI=OFF >/dev/null
-  cmake --build build-tsan -j "$jobs" --target test_comm_threads test_comm_faults test_device_mesh test_redistribute \
+  cmake --build build-tsan -j "$jobs" --target test_comm_threads test_comm_faults test_flight_recorder test_device_mesh test_redistribute \
     test_stress test_checkpoint test_fsdp
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp"
   export DTENSOR_STRESS_SECONDS=${TSAN_STRESS_SECONDS:-60}
   (cd build-tsan && ctest --output-on-failure --timeout 900 -j "$jobs" \
-    -R '^(Comm/|CommThreads\.|CommFaults\.|DeviceMesh\.|Redistribute\.|Checkpoint[A-Za-z]*\.|FsdpOffload\.|stress$)' \
+    -R '^(Comm/|CommThreads\.|CommFaults\.|FlightRecorder\.|DeviceMesh\.|Redistribute\.|Checkpoint[A-Za-z]*\.|FsdpOffload\.|stress$)' \
     -E '^Redistribute\.Sampled2x2x2$')
 fi
 echo "== sanitizers done $(date +%T)"
