@@ -15,6 +15,7 @@
 #include <regex>
 #include <thread>
 
+#include "comm/comm_backend.h"
 #include "comm/fault_injection.h"
 #include "dtensor/dtensor.h"
 #include "test_helpers.h"
@@ -631,4 +632,23 @@ TEST(CommFaults, NoBackendThreadOutlivesLaunch) {
     left += live_threads() > before;
   }
   EXPECT_EQ(left, 0) << "of 80 launches, " << left << " returned with a backend thread still running";
+}
+
+// What a backend driven by the threads world (nccl) asks to fail fast: the reason a
+// launch rank failed, from any group of the launch.
+TEST(CommFaults, AGroupSaysWhyItsRanksCanNoLongerCommunicate) {
+  std::atomic<bool> thrown{false};
+  std::string seen;
+  EXPECT_ANY_THROW(launch(2, [&](Group world) {
+    Group pair = world.split(0);
+    if (world.rank() == 1) {
+      EXPECT_EQ(pair.impl()->failure(), "");  // nothing failed yet
+      thrown = true;
+      throw std::runtime_error("rank one broke");
+    }
+    while (pair.impl()->failure().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    seen = pair.impl()->failure();
+  }));
+  EXPECT_TRUE(thrown.load());
+  EXPECT_NE(seen.find("rank 1 failed: rank one broke"), std::string::npos) << seen;
 }

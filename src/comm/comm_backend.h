@@ -88,6 +88,10 @@ class GroupImpl {
   // The launch (threads) or MPI_COMM_WORLD rank of each member, in group order; empty
   // where the backend cannot say. The flight recorder's dumps name groups by them.
   virtual std::vector<int> world_ranks() const { return {}; }
+  // Why the ranks of this group can no longer all communicate ("rank 2 failed: ..."),
+  // or "": a backend that learns of failures out of band says so (threads: a launch
+  // rank failed). The nccl backend's watchdog asks its host group.
+  virtual std::string failure() const { return {}; }
   // The recorder of the rank this group belongs to (flight_recorder.h); null: none.
   const std::shared_ptr<FlightRecorder>& flight_recorder() const { return flight_recorder_; }
   void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) { flight_recorder_ = std::move(recorder); }

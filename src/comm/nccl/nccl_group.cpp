@@ -281,6 +281,13 @@ void NcclGroup::watch() {
   std::unique_lock<std::recursive_mutex> api(api_, std::try_to_lock);
   if (!api.owns_lock() || failed_.load()) return;
   const DeviceGuard guard(device_);
+  // A rank failed where the host group can see it (threads: a launch rank threw): the
+  // peers' kernels would wait for it until the timeout.
+  if (const std::string failed = host_->failure(); !failed.empty()) {
+    abort(detail::concat("released from group '", name_, "' (nccl, size ", size_, ", this is rank ", rank_,
+                         ") because ", failed));
+    return;
+  }
   ncclResult_t async_error = ncclSuccess;
   if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error != ncclSuccess &&
       async_error != ncclInProgress) {

@@ -209,6 +209,9 @@ class ThreadsGroup final : public GroupImpl, public std::enable_shared_from_this
   int size() const override { return shared_->size; }
   std::string backend() const override { return "threads"; }
   std::vector<int> world_ranks() const override { return shared_->world_ranks; }
+  std::string failure() const override {
+    return shared_->world->aborted() ? shared_->world->abort_reason() : std::string();
+  }
   bool accepts_cuda_buffers() const override { return true; }
   std::shared_ptr<GroupImpl> split(int color, int key) override;
 
