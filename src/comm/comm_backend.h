@@ -94,7 +94,10 @@ class GroupImpl {
   virtual std::string failure() const { return {}; }
   // The recorder of the rank this group belongs to (flight_recorder.h); null: none.
   const std::shared_ptr<FlightRecorder>& flight_recorder() const { return flight_recorder_; }
-  void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) { flight_recorder_ = std::move(recorder); }
+  void set_flight_recorder(std::shared_ptr<FlightRecorder> recorder) {
+    flight_recorder_ = std::move(recorder);
+    flight_group_ = -1;  // registered anew in this recorder at the next call
+  }
   // Whether the collectives take buffers in CUDA device memory (the public calls
   // then name the device in a BufferDeviceScope, src/comm/call_context.h).
   virtual bool accepts_cuda_buffers() const { return false; }

@@ -184,7 +184,10 @@ FlightToken FlightRecorder::record(GroupImpl& group, const FlightCall& call) {
     entry.seq = g.calls++;
   }
   entry.id = next_id_++;
-  if (g.ring.size() < capacity_) g.ring.resize(std::min(capacity_, std::max<size_t>(16, g.ring.size() * 2)));
+  // The ring grows by doubling while it is full and below capacity, then wraps.
+  if (g.ring_next == g.ring.size() && g.ring.size() < capacity_) {
+    g.ring.resize(std::min(capacity_, std::max<size_t>(16, g.ring.size() * 2)));
+  }
   g.ring[g.ring_next++ % g.ring.size()] = std::move(entry);
   return FlightToken(group.flight_recorder_, group.flight_group_, next_id_ - 1);
 }
