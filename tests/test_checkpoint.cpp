@@ -38,27 +38,7 @@ namespace ckd = dtensor::checkpoint::detail;
 
 namespace {
 
-// A fresh directory per test, removed afterwards.
-class ScratchDir {
- public:
-  ScratchDir() {
-    static std::atomic<int> counter{0};
-    path_ = (fs::temp_directory_path() /
-             ("dtensor_checkpoint_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using dtensor::testing::ScratchDir;  // a fresh directory per test, removed afterwards
 
 // Every element of a local tensor equals `value`.
 bool all_equal(const Tensor& t, double value) {

@@ -3,7 +3,6 @@
 // rank, and what the analysis names for a stalled rank, a mismatch, an unmatched
 // receive and a rank without a record.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -15,6 +14,7 @@
 #include "comm/collective_args.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/flight_recorder.h"
+#include "test_helpers.h"
 
 using namespace dtensor;
 using json = nlohmann::json;
@@ -23,34 +23,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    static std::atomic<int> counter{0};
-    path_ =
-        (fs::temp_directory_path() / ("dtensor_flight_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
-            .string();
-    fs::remove_all(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// Sets an environment variable for the scope (the tests of one binary run in turn).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+using dtensor::testing::ScopedEnv;
+using dtensor::testing::ScratchDir;
 
 const json& group_named(const json& record, const std::string& name) {
   for (const json& g : record.at("groups")) {
@@ -175,7 +149,7 @@ TEST(FlightRecorder, KeepsTheLastEntriesOfEachGroup) {
 
 TEST(FlightRecorder, AStalledRankIsNamedAsTheOneThatNeverArrived) {
   ScratchDir dir;
-  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path());
+  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path().c_str());
   ScopedEnv fault("DTENSOR_FAULT", "rank:2,call:3,kind:stall");
   EXPECT_THROW(launch(3,
                       [](Group world) {
@@ -204,7 +178,7 @@ TEST(FlightRecorder, AStalledRankIsNamedAsTheOneThatNeverArrived) {
 
 TEST(FlightRecorder, TheFirstDisagreementIsNamed) {
   ScratchDir dir;
-  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path());
+  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path().c_str());
   EXPECT_ANY_THROW(launch(2, [](Group world) {
     world.set_timeout(2000ms);
     all_reduce(world, Tensor::ones({4}));
@@ -226,7 +200,7 @@ TEST(FlightRecorder, TheFirstDisagreementIsNamed) {
 
 TEST(FlightRecorder, AReceiveNoPeerSentIsNamed) {
   ScratchDir dir;
-  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path());
+  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path().c_str());
   EXPECT_ANY_THROW(launch(2, [](Group world) {
     world.set_timeout(300ms);
     if (world.rank() == 1) recv(world, Tensor::empty({4}), 0, /*tag=*/3);
@@ -265,7 +239,6 @@ TEST(FlightRecorder, ACompleteRunIsConsistentAndDumpsOnDemand) {
 TEST(FlightRecorder, RanksWithoutARecordAreTheSuspectsWhereAllOthersWait) {
   // What an MPI job leaves when one process was killed before it could dump.
   ScratchDir dir;
-  fs::create_directories(dir.path());
   for (int r = 0; r < 2; ++r) {
     json entries = json::array();
     for (int s = 3; s < 6; ++s) {  // the ring kept calls 3 to 5
@@ -309,7 +282,7 @@ TEST(FlightRecorder, RanksWithoutARecordAreTheSuspectsWhereAllOthersWait) {
 
 TEST(FlightRecorder, OnAMeshOnlyTheStalledRankIsTheSuspect) {
   ScratchDir dir;
-  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path());
+  ScopedEnv where("DTENSOR_FLIGHT_RECORDER", dir.path().c_str());
   ScopedEnv fault("DTENSOR_FAULT", "rank:1,call:6,kind:stall");
   EXPECT_ANY_THROW(launch(4, [](Group world) {
     DeviceMesh mesh(world, {2, 2}, {"dp", "tp"});

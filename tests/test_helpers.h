@@ -1,10 +1,15 @@
-// Shared helpers for the tests: a reference layout walker and exception matchers.
+// Shared helpers for the tests: a reference layout walker, exception matchers, a
+// scratch directory and a scoped environment variable.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +47,48 @@ inline std::vector<double> reference_values(const Tensor& t) {
   for_each_index(t.shape(), [&](const std::vector<int64_t>& i) { values.push_back(at(t, i)); });
   return values;
 }
+
+// A fresh, empty directory per object under the system's temporary folder, removed
+// with everything in it afterwards.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& prefix = "dtensor_test") {
+    namespace fs = std::filesystem;
+    static std::atomic<int> counter{0};
+    path_ = (fs::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++)))
+                .string();
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Sets (or, with nullptr, unsets) an environment variable for the scope and restores
+// what it was. The tests of one binary run one at a time.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    value ? ::setenv(name, value, 1) : ::unsetenv(name);
+  }
+  ~ScopedEnv() { old_ ? ::setenv(name_, old_->c_str(), 1) : ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 }  // namespace dtensor::testing
 

@@ -9,48 +9,27 @@
 #include "comm/nccl/nccl_backend.h"
 #include "comm/nccl_support.h"
 #include "dtensor/group.h"
+#include "test_helpers.h"
 
 using namespace dtensor;
 using namespace dtensor::comm;
 
-namespace {
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    value ? ::setenv(name, value, 1) : ::unsetenv(name);
-  }
-  ~ScopedEnv() { old_.empty() ? ::unsetenv(name_) : ::setenv(name_, old_.c_str(), 1); }
-
- private:
-  const char* name_;
-  std::string old_;
-};
-
-}  // namespace
+using dtensor::testing::ScopedEnv;
 
 TEST(NcclSupport, EachRankTakesTheGpuOfItsLocalRankAndNeverShares) {
-  EXPECT_EQ(nccl_device_for(0, 1, 1), 0);
-  EXPECT_EQ(nccl_device_for(3, 4, 8), 3);
-  EXPECT_TRUE(contains(error_of([] { nccl_device_for(0, 1, 0); }), "needs a GPU per rank, and this machine has none"));
-  const std::string shared = error_of([] { nccl_device_for(1, 2, 1); });
-  EXPECT_TRUE(contains(shared,
-                       "2 ranks on this host, 1 GPU (NCCL does not allow two ranks on one GPU; the threads "
-                       "backend runs several ranks on one GPU)"))
-      << shared;
-  EXPECT_THROW(nccl_device_for(2, 2, 4), std::invalid_argument);
+  EXPECT_EQ(nccl_device_for(0, 1, 1, true), 0);
+  EXPECT_EQ(nccl_device_for(3, 4, 8, true), 3);
+  EXPECT_THROW_MSG(nccl_device_for(0, 1, 0, true), std::runtime_error,
+                   "needs a GPU per rank, and this machine has none");
+  EXPECT_THROW_MSG(nccl_device_for(1, 2, 1, true), std::runtime_error,
+                   "2 ranks on this host, 1 GPU (NCCL does not allow two ranks on one GPU; the threads backend runs "
+                   "several ranks on one GPU)");
+  EXPECT_THROW(nccl_device_for(2, 2, 4, true), std::invalid_argument);
+  // Processes under a launcher: the visible GPUs may be each one's own.
+  EXPECT_EQ(nccl_device_for(3, 4, 1, false), 0);
+  EXPECT_EQ(nccl_device_for(5, 8, 4, false), 1);
+  EXPECT_THROW_MSG(nccl_device_for(0, 2, 0, false), std::runtime_error,
+                   "needs a GPU per rank, and this machine has none");
 }
 
 TEST(NcclSupport, TheLauncherSaysWhichRankOfItsHostAProcessIs) {
@@ -96,6 +75,6 @@ TEST(NcclSupport, InitSaysWhyItCannotRunHere) {
   for (const std::string& name : available_backends()) EXPECT_NE(name, "nccl");
   const std::string want =
       nccl_compiled() ? "needs a GPU per rank, and this machine has none" : "this build of dtensor has no NCCL backend";
-  EXPECT_TRUE(contains(error_of([] { init("nccl"); }), want)) << error_of([] { init("nccl"); });
-  launch(2, [&](Group) { EXPECT_TRUE(contains(error_of([] { init("nccl"); }), want)); });
+  EXPECT_THROW_MSG(init("nccl"), std::runtime_error, want);
+  launch(2, [&](Group) { EXPECT_THROW_MSG(init("nccl"), std::runtime_error, want); });
 }

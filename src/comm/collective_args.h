@@ -217,6 +217,21 @@ class FinishingWork final : public WorkImpl {
   bool finished_ = false;
 };
 
+// A sync call completes here without allocating (its cost is compared with raw
+// MPI's); an async one gets a Work that keeps `keep` alive until it is waited for,
+// and the call's flight record.
+inline Work finish(WorkPtr inner, std::initializer_list<Tensor> keep, Output out, bool async, FlightToken& record) {
+  if (!async) {
+    if (inner) inner->wait();
+    if (out.user.defined() && out.needs_copy()) out.user.copy_(out.buffer);
+    return Work();
+  }
+  std::vector<FlightToken> records;
+  if (record) records.push_back(std::move(record));
+  return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>(keep),
+                                              std::vector<Output>{std::move(out)}, std::move(records)));
+}
+
 // The buffers a backend reads and writes for one input and one output: the
 // caller's tensors themselves when contiguous (no handle copies: a sync call
 // should cost what the raw backend call costs), else contiguous stand-ins.
@@ -261,10 +276,7 @@ class CallBuffers {
       if (out_copy_.defined()) Tensor(output_).copy_(out_copy_);
       return Work();
     }
-    std::vector<FlightToken> records;
-    if (record) records.push_back(std::move(record));
-    return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>{in(), out()},
-                                                std::vector<Output>{Output{output_, out()}}, std::move(records)));
+    return comm::finish(std::move(inner), {in(), out()}, Output{output_, out()}, true, record);
   }
 
  private:
@@ -282,21 +294,6 @@ inline bool record_or_finish_alone(const Group& group, const char* op, const Ten
   if (group.size() != 1) return false;
   copy_into(output, input);
   return true;
-}
-
-// A sync call completes here without allocating (its cost is compared with raw
-// MPI's); an async one gets a Work that keeps `keep` alive until it is waited for,
-// and the call's flight record.
-inline Work finish(WorkPtr inner, std::initializer_list<Tensor> keep, Output out, bool async, FlightToken& record) {
-  if (!async) {
-    if (inner) inner->wait();
-    if (out.user.defined() && out.needs_copy()) out.user.copy_(out.buffer);
-    return Work();
-  }
-  std::vector<FlightToken> records;
-  if (record) records.push_back(std::move(record));
-  return Work(std::make_shared<FinishingWork>(std::move(inner), std::vector<Tensor>(keep),
-                                              std::vector<Output>{std::move(out)}, std::move(records)));
 }
 
 inline int64_t product(const Shape& shape, int begin, int end) {

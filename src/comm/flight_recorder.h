@@ -132,7 +132,7 @@ class FlightRecorder {
     FlightState state = FlightState::Issued;
     bool dropped = false;
     bool deferred = false;  // the backend marks it completed
-    std::string context;  // the user-level call and the purpose (call_context.h)
+    std::string context;    // the user-level call and the purpose (call_context.h)
     int64_t issued_us = 0, done_us = 0;
     std::weak_ptr<void> buffers;  // of a dropped call: expired once the backend is done
   };

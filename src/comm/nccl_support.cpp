@@ -9,20 +9,21 @@
 
 namespace dtensor::comm {
 
-int nccl_device_for(int local_rank, int local_size, int device_count) {
+int nccl_device_for(int local_rank, int local_size, int device_count, bool one_process) {
   if (device_count <= 0) {
     throw std::runtime_error(
         "[init] the nccl backend needs a GPU per rank, and this machine has none visible "
         "(no CUDA driver or device, or CUDA_VISIBLE_DEVICES hides them): use the threads or mpi backend here");
   }
+  DT_CHECK_ARG(local_rank >= 0 && local_rank < local_size, "init", "local rank ", local_rank, " outside [0, ",
+               local_size, ")");
+  if (!one_process) return local_rank % device_count;
   if (local_size > device_count) {
     throw std::runtime_error(detail::concat(
         "[init] the nccl backend needs a GPU per rank: ", local_size, " ranks on this host, ", device_count,
         device_count == 1 ? " GPU" : " GPUs",
         " (NCCL does not allow two ranks on one GPU; the threads backend runs several ranks on one GPU)"));
   }
-  DT_CHECK_ARG(local_rank >= 0 && local_rank < local_size, "init", "local rank ", local_rank, " outside [0, ",
-               local_size, ")");
   return local_rank;
 }
 

@@ -14,10 +14,13 @@
 namespace dtensor::comm {
 
 // The GPU of the rank with `local_rank` among `local_size` ranks of one host, on a
-// host with `device_count` GPUs: local_rank itself. std::runtime_error when there is
-// no GPU, or fewer GPUs than ranks on the host (NCCL does not allow two ranks on one
-// GPU: the message names the threads backend, which does).
-int nccl_device_for(int local_rank, int local_size, int device_count);
+// host with `device_count` visible GPUs. `one_process`: the ranks are threads of one
+// process and all see the same GPUs, so each takes the GPU of its rank, and more ranks
+// than GPUs is refused (NCCL does not allow two ranks on one GPU: the message names
+// the threads backend, which does). Processes under a launcher, which may show each
+// one only its own GPU, take their local rank's modulo the visible GPUs, and NCCL
+// refuses a real sharing. std::runtime_error when no GPU is visible.
+int nccl_device_for(int local_rank, int local_size, int device_count, bool one_process);
 
 // This process's rank among the processes of its host and their number, from the
 // launcher's environment (Open MPI, MPICH/Hydra, Slurm); nullopt when none says.

@@ -124,7 +124,7 @@ class MPIGroup final : public GroupImpl, public std::enable_shared_from_this<MPI
   bool owned_ = false;
   int rank_ = 0, size_ = 1, splits_ = 0;
   std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member
-  uint64_t calls_ = 0;  // collectives this rank made on the group (the watchdog names the call)
+  uint64_t calls_ = 0;            // collectives this rank made on the group (the watchdog names the call)
   const WatchedGroup* watched_ = nullptr;
   mutable std::string broken_;
 };

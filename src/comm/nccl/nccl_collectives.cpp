@@ -107,37 +107,25 @@ WorkPtr NcclGroup::all_gather(const void* in, void* out, const std::vector<int64
   const ncclDataType_t type = nccl_type(dtype);
   const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   const std::vector<int64_t> offsets = offsets_of(counts);
+  // Several rows: every rank's rows land whole in a packed buffer (rank r's at
+  // outer * offsets[r]), then go to their columns.
   std::vector<void*> temporaries;
-  switch (block_route(counts, outer)) {
-    case BlockRoute::Direct:
-      nccl_check(ncclAllGather(in, out, counts[0], type, comm_, stream_), kOp, "ncclAllGather");
-      break;
-    case BlockRoute::Packed: {
-      // Rank r's rows land whole at r * outer * count, then go to their columns.
-      void* packed = temporaries.emplace_back(scratch(total * outer * esize));
-      nccl_check(ncclAllGather(in, packed, outer * counts[0], type, comm_, stream_), kOp, "ncclAllGather");
-      for (int r = 0; r < size_; ++r) {
-        copy_rows(at(out, offsets[r], esize), total, at(packed, outer * offsets[r], esize), counts[r], counts[r], outer,
-                  esize, stream_);
-      }
-      break;
+  void* packed = outer == 1 ? out : temporaries.emplace_back(scratch(total * outer * esize));
+  if (block_route(counts, outer) == BlockRoute::PerRank) {
+    NcclGroupScope grouped;
+    for (int r = 0; r < size_; ++r) {
+      if (counts[r] == 0) continue;
+      nccl_check(ncclBroadcast(in, at(packed, outer * offsets[r], esize), outer * counts[r], type, r, comm_, stream_),
+                 kOp, "ncclBroadcast");
     }
-    case BlockRoute::PerRank: {
-      void* packed = outer == 1 ? out : temporaries.emplace_back(scratch(total * outer * esize));
-      NcclGroupScope grouped;
-      for (int r = 0; r < size_; ++r) {
-        if (counts[r] == 0) continue;
-        nccl_check(ncclBroadcast(in, at(packed, outer * offsets[r], esize), outer * counts[r], type, r, comm_, stream_),
-                   kOp, "ncclBroadcast");
-      }
-      nccl_check(grouped.end(), kOp, "ncclGroupEnd");
-      if (outer != 1) {
-        for (int r = 0; r < size_; ++r) {
-          copy_rows(at(out, offsets[r], esize), total, at(packed, outer * offsets[r], esize), counts[r], counts[r],
-                    outer, esize, stream_);
-        }
-      }
-      break;
+    nccl_check(grouped.end(), kOp, "ncclGroupEnd");
+  } else {  // equal blocks: Direct (one row) or Packed
+    nccl_check(ncclAllGather(in, packed, outer * counts[0], type, comm_, stream_), kOp, "ncclAllGather");
+  }
+  if (outer != 1) {
+    for (int r = 0; r < size_; ++r) {
+      copy_rows(at(out, offsets[r], esize), total, at(packed, outer * offsets[r], esize), counts[r], counts[r], outer,
+                esize, stream_);
     }
   }
   return end(call, async, temporaries);

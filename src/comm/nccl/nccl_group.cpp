@@ -405,12 +405,9 @@ std::shared_ptr<GroupImpl> nccl_world(const std::shared_ptr<GroupImpl>& host) {
   if (host->backend() == "mpi") {
     if (auto from_env = local_rank_from_env()) local = *from_env;
   }
-  const int devices = backend::cuda::device_count();
-  // Threads: the ranks share this process's GPUs, so more ranks than GPUs would put
-  // two on one. MPI: a launcher may show each process only its own GPU, so the GPU is
-  // the local rank's modulo what is visible, and NCCL itself refuses a real sharing.
-  if (devices <= 0) nccl_device_for(0, 1, devices);  // says there is no GPU
-  const int device = host->backend() == "mpi" ? local.rank % devices : nccl_device_for(local.rank, local.size, devices);
+  // Threads share the process's GPUs; processes may each see only their own.
+  const bool one_process = host->backend() != "mpi";
+  const int device = nccl_device_for(local.rank, local.size, backend::cuda::device_count(), one_process);
   backend::cuda::check(cudaSetDevice(device), "cudaSetDevice");
   // A host group of its own: its timeout follows this group's, and the user's world
   // keeps its own.
