@@ -11,6 +11,10 @@
 // columns run all their rank threads on it)
 //      [--only=all_reduce]
 // Without mpirun (or in a build without MPI) only threads and memcpy are measured.
+//   bench_collectives --nccl [--max-mib=1024] [--worlds=2,4,8]
+// measures dtensor's nccl backend instead, a thread per GPU (worlds up to the GPUs
+// visible), CUDA buffers, the columns nccl-tests prints (time, algbw, busbw; out of
+// place, F32 sum): put all_reduce_perf's figures for the same sizes beside them.
 #if DTENSOR_WITH_MPI
 #include <mpi.h>
 #endif
@@ -23,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "dtensor/cuda.h"
+#include "dtensor/device.h"
 #include "dtensor/group.h"
 
 using namespace dtensor;
@@ -52,12 +58,12 @@ constexpr int kTrials = 7;
 // Per-rank buffers of one collective on `bytes` (nccl-tests sizes: the whole array).
 struct Buffers {
   Tensor in, out;
-  Buffers(Coll c, int64_t bytes, int n) {
+  Buffers(Coll c, int64_t bytes, int n, Device device = Device::cpu()) {
     const int64_t count = bytes / 4 / n * n;  // F32, divisible by n
     const int64_t in_count = c == Coll::AllGather ? count / n : count;
     const int64_t out_count = c == Coll::ReduceScatter ? count / n : count;
-    in = Tensor::full({in_count}, 1.0);
-    out = Tensor::zeros({out_count});
+    in = Tensor::full({in_count}, 1.0).to(device);
+    out = Tensor::zeros({out_count}).to(device);
   }
 };
 
@@ -146,6 +152,34 @@ std::vector<double> time_threads(Coll c, int n, const std::vector<int64_t>& size
   return seconds;
 }
 
+// Seconds per call of the nccl backend for every size: n rank threads, each on its
+// own GPU, rank 0's time as nccl-tests reports it (calls queued back to back, the
+// stream synchronised once at the end; the best of the trials).
+std::vector<double> time_nccl(Coll c, int n, const std::vector<int64_t>& sizes) {
+  std::vector<double> seconds(sizes.size(), 0.0);
+  launch(n, [&](Group host) {
+    const Group g = init("nccl");
+    const Device device = g.device();
+    const cuda::Stream stream = cuda::current_stream(device.index);
+    for (size_t s = 0; s < sizes.size(); ++s) {
+      Buffers b(c, sizes[s], n, device);
+      const int iters = iterations(sizes[s]);
+      for (int i = 0; i < 5; ++i) run_dtensor(c, g, b);  // warm-up (nccl-tests: 5)
+      stream.synchronize();
+      double best = 1e30;
+      for (int trial = 0; trial < kTrials; ++trial) {
+        barrier(host);
+        const auto start = Clock::now();
+        for (int i = 0; i < iters; ++i) run_dtensor(c, g, b);
+        stream.synchronize();
+        best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count() / iters);
+      }
+      if (g.rank() == 0) seconds[s] = best;
+    }
+  });
+  return seconds;
+}
+
 double memcpy_gbps(int64_t bytes) {
   std::vector<char> a(bytes, 1), b(bytes, 0);
   const int iters = iterations(bytes);
@@ -185,14 +219,48 @@ std::string size_label(int64_t bytes) {
   return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes >> 10) + " KiB";
 }
 
+// --nccl: the table of time_nccl for every world that fits the GPUs.
+int run_nccl(const std::vector<int>& worlds, const std::vector<int64_t>& sizes) {
+  if (!is_available("nccl")) {
+    std::fprintf(stderr,
+                 "bench_collectives --nccl: the nccl backend is not available here (no NCCL in this build, "
+                 "or no GPU visible)\n");
+    return 2;
+  }
+  const int gpus = cuda_device_count();
+  std::printf(
+      "# bench_collectives --nccl: F32 sum, out of place, a thread per GPU (%d GPUs visible); nccl-tests' "
+      "columns (time in us, algbw and busbw in GB/s)\n\n",
+      gpus);
+  std::printf("| collective | n | size | time us | algbw | busbw |\n|---|---|---|---|---|---|\n");
+  for (const int n : worlds) {
+    if (n > gpus) {
+      std::printf("| (world %d skipped: %d GPUs) | | | | | |\n", n, gpus);
+      continue;
+    }
+    for (const Coll c : collectives) {
+      const std::vector<double> seconds = time_nccl(c, n, sizes);
+      for (size_t s = 0; s < sizes.size(); ++s) {
+        const double bytes = static_cast<double>(sizes[s]), algbw = bytes / seconds[s] / 1e9;
+        std::printf("| %s | %d | %s | %.1f | %.2f | %.2f |\n", name(c), n, size_label(sizes[s]).c_str(),
+                    seconds[s] * 1e6, algbw, algbw * bus_factor(c, n));
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int64_t max_bytes = 64LL << 20;
   std::vector<int> worlds{2, 4};
   std::string only;
+  bool nccl = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
+    if (arg == "--nccl") nccl = true;
     if (arg.rfind("--only=", 0) == 0) only = arg.substr(7);
     if (arg.rfind("--max-mib=", 0) == 0) max_bytes = std::stoll(arg.substr(10)) << 20;
     if (arg.rfind("--worlds=", 0) == 0) {
@@ -206,6 +274,7 @@ int main(int argc, char** argv) {
   if (!only.empty()) std::erase_if(collectives, [&](Coll c) { return only != name(c); });
   std::vector<int64_t> sizes;
   for (int64_t s = 4 << 10; s <= max_bytes; s *= 4) sizes.push_back(s);
+  if (nccl) return run_nccl(worlds, sizes);
 
   const bool with_mpi = is_available("mpi") && init("any").backend() == "mpi";
   Group world = with_mpi ? init("mpi") : Group();

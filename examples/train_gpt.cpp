@@ -10,6 +10,9 @@
 //   ./build/examples/train_gpt --mesh dp=2 --fsdp 3 --offload     # ZeRO-Offload
 //   ./build/examples/train_gpt --mesh dp=2 --fsdp 3 --offload --delayed-update 40   # ... one step stale
 //   mpirun -np 2 ./build/examples/train_gpt --backend mpi --mesh dp=2
+//   mpirun -np 8 ./build/examples/train_gpt --backend nccl --mesh dp=2,tp=4   # a process per GPU
+//   ./build/examples/train_gpt --backend nccl --mesh dp=4 --fsdp 3            # a thread per GPU
+//   ./build/examples/train_gpt --device cuda --mesh dp=2     # two ranks (threads) sharing cuda:0
 //   ./build/examples/train_gpt --mesh pp=2 --save gpt.dtstate && ./build/examples/generate --load gpt.dtstate
 //   ./build/examples/train_gpt --mesh dp=2 --steps 12 --save-dir ckpt --save-every 6
 //   ./build/examples/train_gpt --mesh dp=4 --steps 12 --resume ckpt      # steps 7-12, on another mesh
@@ -82,6 +85,10 @@ struct Settings {
   std::optional<bool> fsdp_reshard_after_forward;
   bool sequence_parallel = false, loss_parallel = true;
   std::string backend, precision, data, trace, out, log;
+  // --device: the CPU, or a GPU (cuda_index: every rank's on threads; -1: each rank
+  // its own, Group::device() of nccl, or cuda:0 on threads).
+  bool cuda = false;
+  int cuda_index = -1;
   std::string profile;  // dtensor-plan --calibrate's file: the step time is estimated on its rates
   int64_t trace_first = 0, trace_count = 0;
   models::GPTConfig model;
@@ -148,6 +155,43 @@ void read_pipeline_settings(const TrainConfig& o, Settings& s) {
   s.timeline = timeline;
 }
 
+// --device against --backend: GPU tensors travel on threads (in this process) and
+// nccl; MPI moves host memory here. The GPU itself is checked when ranks start.
+void read_device(const TrainConfig& o, Settings& s) {
+  const std::string& d = o.device;
+  const bool nccl = o.backend == "nccl";
+  if (d == "auto" || d == "cpu") {
+    s.cuda = d == "auto" && nccl;
+  } else if (d == "cuda") {
+    s.cuda = true;
+  } else if (d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos &&
+             d.size() < 10) {
+    s.cuda = true;
+    s.cuda_index = std::stoi(d.substr(5));
+  } else {
+    throw std::invalid_argument("--device: expected auto, cpu, cuda or cuda:N, got '" + d + "'");
+  }
+  if (nccl && !s.cuda) {
+    throw std::invalid_argument(
+        "--device cpu with --backend nccl: nccl communicates between GPUs (--device cuda), "
+        "threads and mpi on the CPU");
+  }
+  if (nccl && s.cuda_index >= 0) {
+    throw std::invalid_argument("--device " + d +
+                                " with --backend nccl: each rank computes on its own GPU, the one "
+                                "nccl takes for it; give --device cuda");
+  }
+  if (s.cuda && o.backend == "mpi") {
+    throw std::invalid_argument("--device " + d +
+                                " with --backend mpi: the mpi backend moves host memory; train on "
+                                "GPUs across processes with --backend nccl under mpirun");
+  }
+  if (s.cuda && o.plan == "auto") {
+    throw std::invalid_argument(
+        "--plan auto chooses on this machine's CPU rates; give the layout flags with --device " + d);
+  }
+}
+
 Settings read_settings(const TrainConfig& o) {
   Settings s;
   s.mesh = parse_mesh(o.mesh);
@@ -208,6 +252,7 @@ Settings read_settings(const TrainConfig& o) {
   s.loss_parallel = !o.gather_logits;
   s.profile = o.profile;
   s.backend = o.backend;
+  read_device(o, s);
   s.steps = o.steps;
   s.batch = o.batch;
   s.grad_accum = o.grad_accum;
@@ -462,9 +507,40 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   return out;
 }
 
+// "cpu", "cuda:0 (every rank)", "cuda:0 (rank 0; each rank its own GPU)".
+std::string device_summary(const Group& world, Device device) {
+  if (device.is_cpu()) return device.to_string();
+  return device.to_string() + (world.backend() == "nccl" ? " (rank 0; each rank its own GPU)"
+                               : world.size() > 1        ? " (every rank)"
+                                                         : "");
+}
+
+// --device cuda needs a GPU this process sees (checked before ranks start).
+void check_gpu(const Settings& s) {
+  if (!s.cuda) return;
+  if (!cuda_is_available()) {
+    throw std::runtime_error(
+        "--device cuda: no GPU is visible to this process, or this build has no CUDA "
+        "(the configure summary lists cuda when it has)");
+  }
+  const int visible = cuda_device_count();
+  if (s.cuda_index >= visible) {
+    throw std::invalid_argument("--device cuda:" + std::to_string(s.cuda_index) + ": this process sees " +
+                                std::to_string(visible) + " GPU(s), cuda:0 to cuda:" + std::to_string(visible - 1));
+  }
+}
+
+// The device this rank computes on (--device).
+Device rank_device(const Group& world, const Settings& s) {
+  if (!s.cuda) return Device::cpu();
+  if (world.backend() == "nccl") return world.device();
+  return Device::cuda(std::max(s.cuda_index, 0));
+}
+
 // One rank's training loop: the model (whole, or this rank's pipeline stages), its
 // tensor and data parallelism, AdamW, the log on rank 0.
 void train(Group world, const Settings& s, const TokenDataset& data) {
+  const Device device = rank_device(world, s);
   DeviceMesh mesh(world, s.mesh.shape, s.mesh.names);
   if (!s.trace.empty()) Tracer::record_steps(s.trace_first, s.trace_count);
   models::GPTConfig config = s.model;
@@ -477,7 +553,8 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
   // each wrapped so, run by the schedule.
   const std::unique_ptr<models::ParallelGPT> gpt = models::parallelize_gpt(
       mesh, config, s.seed,
-      {.tp = {.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel},
+      {.device = device,
+       .tp = {.sequence_parallel = s.sequence_parallel, .loss_parallel = s.loss_parallel},
        .fsdp = static_cast<int>(s.fsdp),
        .hsdp = s.hsdp,
        .offload = s.offload,
@@ -513,11 +590,11 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
     const std::string parallelism = gpt->describe();
     std::printf(
         "GPT %lld parameters (%lld layers, dim %lld, %lld heads, vocab %lld, seq %lld) on %s (%s), %s backend, "
-        "%s%s\n",
+        "%s, %s%s\n",
         static_cast<long long>(num_parameters), static_cast<long long>(config.layers),
         static_cast<long long>(config.dim), static_cast<long long>(config.heads), static_cast<long long>(config.vocab),
         static_cast<long long>(config.block_size), mesh.to_string().c_str(), parallelism.c_str(),
-        world.backend().c_str(), s.precision.c_str(),
+        world.backend().c_str(), device_summary(world, device).c_str(), s.precision.c_str(),
         config.checkpoint_activations ? ", activation checkpointing" : "");
   }
   // A pipeline accumulates its own micro-batches and synchronises each stage.
@@ -768,7 +845,7 @@ int main(int argc, char** argv) {
     // Defaults, then the config file (--config), then the flags given here.
     config = tools::parse_train_args(argc, argv);
     if (!config) return 0;  // --help
-    if (config->plan == "auto" && config->backend != "mpi") {
+    if (config->plan == "auto" && config->backend == "threads") {
       settings = read_settings(choose_plan(*config, nullptr));
     } else {
       settings = read_settings(*config);
@@ -779,8 +856,12 @@ int main(int argc, char** argv) {
   }
   try {
     const std::unique_ptr<TokenDataset> data = make_dataset(settings);
-    if (settings.backend == "mpi") {
-      Group world = init("mpi");
+    check_gpu(settings);
+    // nccl: one process per GPU when mpirun started this one, else a thread per GPU.
+    const bool nccl = settings.backend == "nccl";
+    const bool processes = settings.backend == "mpi" || (nccl && init("any").backend() == "mpi");
+    if (processes) {
+      Group world = init(settings.backend);
       if (config->plan == "auto") settings = read_settings(choose_plan(*config, &world));
       const int64_t ranks = shape_numel(settings.mesh.shape);
       if (world.size() != ranks) {
@@ -800,7 +881,8 @@ int main(int argc, char** argv) {
       if (!trace.empty()) std::printf("trace: %s\n", Tracer::stop().c_str());
     } else {
       if (!settings.trace.empty()) Tracer::start(settings.trace);
-      launch(static_cast<int>(shape_numel(settings.mesh.shape)), [&](Group world) { train(world, settings, *data); });
+      launch(static_cast<int>(shape_numel(settings.mesh.shape)),
+             [&](Group world) { train(nccl ? init("nccl") : world, settings, *data); });
       if (!settings.trace.empty()) std::printf("trace: %s (open in Perfetto)\n", Tracer::stop().c_str());
     }
   } catch (const std::exception& e) {

@@ -4,7 +4,9 @@
 # code for DTENSOR_CUDA_ARCHITECTURES, default 90), runs every CUDA test with
 # DTENSOR_REQUIRE_GPU=1 (a skip is a failure there) beside the CPU tests of the
 # allocator policy and the launch arithmetic, runs gpu_bench, and writes the
-# summary to $OUT/gpu-check.md (OUT defaults to ./gpu-check-out).
+# summary to $OUT/gpu-check.md (OUT defaults to ./gpu-check-out). train_gpt runs
+# every parallel module on CUDA tensors (ranks sharing the GPU, and nccl with a GPU
+# per rank where there are several) against the same run on the CPU.
 # What the machine lacks (GoogleTest, OpenBLAS, nlohmann-json, CLI11) comes from
 # .gpu-deps/debs, prepared beforehand by scripts/gpu-prepare.sh and carried along
 # (carry .gpu-deps/debs only: 13 MB); the packages are unpacked into the build
@@ -76,11 +78,12 @@ fi
 # ---- build: the library, the CUDA tests and gpu_bench only ---------------------------
 targets=(dtensor test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn test_cuda_optim test_cuda_factories
          test_cuda_attention test_cuda_comm test_caching_allocator test_offset_calc test_gemm_layout test_row_ops test_attention_tiles
-         test_random_shared test_cuda_training test_cuda_conformance test_cuda_nccl test_nccl_support gpu_bench)
+         test_random_shared test_cuda_training test_cuda_conformance test_cuda_nccl test_nccl_support gpu_bench train_gpt bench_collectives)
 t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON \
   -DDTENSOR_CUDA_ARCHITECTURES="$archs" -DCMAKE_CUDA_COMPILER="$nvcc" -DDTENSOR_WITH_MPI=OFF \
-  -DDTENSOR_WITH_NCCL=AUTO -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_WITH_BLIS=OFF -DDTENSOR_BUILD_EXAMPLES=OFF "${prefix_args[@]}" >>"$log" 2>&1 &&
+  -DDTENSOR_WITH_NCCL=AUTO -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_WITH_BLIS=OFF -DDTENSOR_BUILD_EXAMPLES=ON \
+  -DDTENSOR_TORCH_PYTHON= "${prefix_args[@]}" >>"$log" 2>&1 &&
   cmake --build "$build" -j "$jobs" --target "${targets[@]}" >>"$log" 2>&1
 build_rc=$?
 say "- build: $([ $build_rc -eq 0 ] && echo ok || echo FAILED) in $(($(date +%s) - t0)) s (log: gpu-check.log)"
@@ -110,6 +113,65 @@ for t in test_cuda_runtime test_cuda_elementwise test_cuda_matmul test_cuda_nn t
   [ $rc -ne 0 ] && grep -B2 -A12 'Failure' "$build/$t.txt" | head -60 | tee -a "$summary"
 done
 
+# ---- train_gpt on the GPU against the same run on the CPU -------------------------------
+say ""
+say "## train_gpt on CUDA tensors (losses against the CPU run, 8 steps)"
+say ""
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+# train NAME CPU-FLAGS -- GPU-FLAGS: the same model and data, the loss of every step
+# compared (FP32 on both; summation orders differ, so within 1e-3 relative).
+train() {
+  local name=$1; shift
+  local cpu=() gpu=()
+  while [ "$1" != "--" ]; do cpu+=("$1"); shift; done
+  shift
+  gpu=("$@")
+  local common=(--steps 8 --log plain --warmup 2 --layers 2 --dim 64 --heads 4 --seq-len 32 --batch 16)
+  timeout 60 "$build/examples/train_gpt" "${common[@]}" "${cpu[@]}" --out "$build/$name-cpu.csv" >"$build/$name-cpu.txt" 2>&1
+  local crc=$?
+  timeout 90 "$build/examples/train_gpt" "${common[@]}" "${cpu[@]}" "${gpu[@]}" --out "$build/$name-gpu.csv" \
+    >"$build/$name-gpu.txt" 2>&1
+  local grc=$?
+  { echo "===== train_gpt $name (cpu rc $crc, gpu rc $grc)"; cat "$build/$name-cpu.txt" "$build/$name-gpu.txt"; } >>"$out/tests.txt"
+  local verdict
+  if [ $crc -ne 0 ] || [ $grc -ne 0 ]; then
+    verdict="FAILED (cpu rc $crc, gpu rc $grc): $(grep -m1 'train_gpt:' "$build/$name-gpu.txt" "$build/$name-cpu.txt" | head -1)"
+    test_rc=1
+  else
+    verdict=$(paste -d, "$build/$name-cpu.csv" "$build/$name-gpu.csv" | awk -F, 'NR > 1 {
+      n++; d = $2 - $6; if (d < 0) d = -d; r = d / ($2 > 0 ? $2 : 1); if (r > worst) worst = r }
+      END { if (n == 0) { print "FAILED (no steps logged)"; exit }
+            printf "%s (largest relative loss difference %.1e over %d steps)", worst <= 1e-3 ? "ok" : "FAILED", worst, n }')
+    case $verdict in FAILED*) test_rc=1 ;; esac
+  fi
+  say "- $name: $verdict; $(grep -m1 -o 'done: .*tok/s' "$build/$name-gpu.txt")"
+}
+# Several ranks (threads) on one GPU: every parallel module on CUDA tensors.
+train dp2-one-gpu --mesh dp=2 -- --device cuda
+train fsdp3-tp-one-gpu --mesh dp=2,tp=2 --fsdp 3 -- --device cuda
+train hsdp-one-gpu --mesh replicate=2,dp=2 --fsdp 2 --hsdp -- --device cuda
+train offload-one-gpu --mesh dp=2 --fsdp 3 --offload -- --device cuda
+train pp-1f1b-one-gpu --mesh pp=2 --microbatches 4 -- --device cuda
+train 3d-one-gpu --mesh pp=2,dp=2,tp=2 --microbatches 4 -- --device cuda
+train cp-one-gpu --mesh dp=2,cp=2 -- --device cuda
+train ep-one-gpu --mesh dp=2,ep=2 --moe-experts 4 -- --device cuda
+# nccl: a thread per GPU in this process (a world of one where there is one GPU).
+train nccl-world-of-1 --mesh dp=1 -- --backend nccl
+if [ "$gpus" -ge 2 ]; then
+  train nccl-ddp --mesh dp=2 -- --backend nccl
+  train nccl-fsdp3 --mesh dp=2 --fsdp 3 -- --backend nccl
+  train nccl-tp --mesh tp=2 --sequence-parallel -- --backend nccl
+  train nccl-pp --mesh pp=2 --microbatches 4 -- --backend nccl
+fi
+if [ "$gpus" -ge 4 ]; then
+  train nccl-fsdp-tp --mesh dp=2,tp=2 --fsdp 3 -- --backend nccl
+  train nccl-hsdp --mesh replicate=2,dp=2 --fsdp 2 --hsdp -- --backend nccl
+fi
+if [ "$gpus" -ge 8 ]; then
+  train nccl-3d --mesh pp=2,dp=2,tp=2 --microbatches 4 -- --backend nccl
+fi
+[ "$gpus" -lt 2 ] && say "- nccl across GPUs: not run ($gpus GPU visible)"
+
 # ---- benchmarks ------------------------------------------------------------------------
 say ""
 say "## gpu_bench"
@@ -118,6 +180,23 @@ say ""
 timeout 200 "$build/bench/gpu_bench" "$build/gpu-bench.md" "$out/gpu-bench.json" >>"$log" 2>&1
 bench_rc=$?
 if [ -f "$build/gpu-bench.md" ]; then cat "$build/gpu-bench.md" | tee -a "$summary"; else say "gpu_bench FAILED (rc $bench_rc)"; fi
+
+# ---- nccl bandwidth, beside nccl-tests' where it is installed ------------------------------
+if [ "$gpus" -ge 2 ]; then
+  say ""
+  say "## bench_collectives --nccl ($gpus GPUs)"
+  say ""
+  timeout 150 "$build/bench/bench_collectives" --nccl --max-mib=256 --worlds=2,$gpus >"$build/nccl-bench.md" 2>>"$log"
+  say "(exit status $?)"
+  tee -a "$summary" <"$build/nccl-bench.md"
+  if command -v all_reduce_perf >/dev/null; then
+    say ""
+    say "nccl-tests all_reduce_perf, the same sizes:"
+    timeout 60 all_reduce_perf -b 4K -e 256M -f 4 -g "$gpus" 2>&1 | grep -v '^#  *Rank' | tee -a "$summary"
+  else
+    say "nccl-tests (all_reduce_perf) not installed: no figure of its own beside these"
+  fi
+fi
 
 # ---- the same-run PyTorch peer (its failure does not fail the check) ---------------------
 say ""

@@ -62,6 +62,17 @@ std::string launch_error(int n, const std::function<void(Group)>& fn) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// Group::device(): threads and mpi communicate from the CPU (nccl: the rank's GPU,
+// test_cuda_nccl).
+TEST(CommThreads, AGroupCommunicatesFromTheCpu) {
+  launch(2, [](Group world) {
+    EXPECT_EQ(world.device(), Device::cpu());
+    EXPECT_EQ(world.split(0).device(), Device::cpu());
+    EXPECT_EQ(self_group().device(), Device::cpu());
+  });
+  EXPECT_THROW(Group().device(), std::invalid_argument);
+}
+
 TEST(CommThreads, ThrowingRankReleasesPeersQuickly) {
   std::atomic<int> released{0};
   std::string peer_message;

@@ -49,6 +49,7 @@ TEST(CudaNccl, AWorldOfOneRankWorksAndTwoRanksOnOneGpuAreRefused) {
     Group world = init("nccl");
     EXPECT_EQ(world.backend(), "nccl");
     const Device gpu = Device::cuda(0);
+    EXPECT_EQ(world.device(), gpu);
     expect_same(all_reduce(world, Tensor::ones({5}).to(gpu)), Tensor::ones({5}), "all_reduce of one rank");
     EXPECT_EQ(all_gather(world, Tensor::ones({2, 3}), 0).shape(), (Shape{2, 3}));  // a CPU tensor: the host group
     Group same = world.split(0);
@@ -73,6 +74,7 @@ TEST(CudaNccl, EveryCollectiveMatchesTheCpu) {
     Group world = init("nccl");
     const int r = world.rank();
     const Device gpu = Device::cuda(r);
+    EXPECT_EQ(world.device(), gpu);
     for (DType t : kAll) {
       const std::string tag = std::string(dtype_name(t)) + " on " + std::to_string(n) + " ranks";
       const Tensor x = rank_values({7, 3}, t, r, 1);

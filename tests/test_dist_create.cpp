@@ -182,6 +182,29 @@ TEST(DistCreate, ConstantFactoriesFollowThePartialRule) {
   });
 }
 
+// Every factory makes its pieces on the device asked for (the pieces that hold zeros
+// under a Partial placement included), with the CPU's values.
+TEST(DistCreate, FactoriesMakeTheirPiecesOnTheDevice) {
+  launch(4, [](Group world) {
+    DeviceMesh mesh(world, {2, 2});
+    const Device device = Device::cpu(1);
+    const Shape shape{5, 7};
+    const Placements placements{Shard(1), Partial()};
+    const std::vector<std::pair<DistTensor, DistTensor>> made = {
+        {zeros(shape, mesh, placements, DType::F32, device), zeros(shape, mesh, placements)},
+        {ones(shape, mesh, placements, DType::I64, device), ones(shape, mesh, placements, DType::I64)},
+        {full(shape, 2.5, mesh, placements, DType::F64, device), full(shape, 2.5, mesh, placements, DType::F64)},
+        {randn(shape, mesh, placements, 3, DType::BF16, device), randn(shape, mesh, placements, 3, DType::BF16)},
+        {rand(shape, mesh, placements, 7, DType::F32, device), rand(shape, mesh, placements, 7)}};
+    for (const auto& [on_device, on_cpu] : made) {
+      EXPECT_EQ(on_device.device(), device);
+      EXPECT_EQ(on_device.dtype(), on_cpu.dtype());
+      EXPECT_TRUE(allclose(on_device.to_local().to(Device::cpu()), on_cpu.to_local(), 0, 0));
+    }
+    EXPECT_EQ(empty(shape, mesh, placements, DType::F32, device).device(), device);
+  });
+}
+
 TEST(DistCreate, FromLocalWithAndWithoutTheGlobalShape) {
   on_every_mesh([](const DeviceMesh& mesh, Group) {
     for (const Shape& shape : tensor_shapes()) {

@@ -69,8 +69,13 @@ testing::TrainingRun train(const Shape& shape, const std::vector<std::string>& n
                 .stats.loss);
       }
     }
-    return testing::TrainingRun{.losses = losses,
-                                .params = gpt->pipeline() ? gpt->pipeline()->state_dict() : gpt->model()->state_dict()};
+    // Everything stayed on options.device (compared on the CPU).
+    for (const DistTensor& p : gpt->parameters()) EXPECT_EQ(p.device(), options.device);
+    std::map<std::string, Tensor> params;
+    for (const auto& [name, t] : gpt->pipeline() ? gpt->pipeline()->state_dict() : gpt->model()->state_dict()) {
+      params.emplace(name, t.to(Device::cpu()));
+    }
+    return testing::TrainingRun{.losses = losses, .params = params};
   });
 }
 
@@ -130,6 +135,45 @@ TEST(Models, ParallelizeGptTrainsAsOneRank) {
       one, "PP (zero bubble) x TP");
   testing::expect_equivalent(train({2}, {"pp"}, {.pipeline = {.micro_batches = 2}}, false),
                              train({1}, {"dp"}, {}, false), "PP, untied head");
+}
+
+// options.device: the model built, wrapped and trained there, and the batches moved
+// there. cpu:1 stands in for a GPU (device.h): an op given tensors of two devices
+// throws, so a tensor left on the CPU anywhere in the step fails the run.
+TEST(Models, ParallelizeGptComputesOnTheGivenDevice) {
+  const Device device = Device::cpu(1);
+  const testing::TrainingRun one = train({1}, {"dp"}, {});
+  testing::expect_equivalent(train({1}, {"dp"}, {.device = device}), one, "one rank on cpu:1");
+  testing::expect_equivalent(train({2, 2}, {"dp", "tp"}, {.device = device, .tp = {.sequence_parallel = true}}), one,
+                             "DDP x TP (sequence parallel) on cpu:1");
+  testing::expect_equivalent(train({2, 2}, {"dp", "tp"}, {.device = device, .fsdp = 3}), one, "FSDP x TP on cpu:1");
+  testing::expect_equivalent(train({2, 2}, {"replicate", "dp"}, {.device = device, .fsdp = 2, .hsdp = true}), one,
+                             "HSDP ZeRO-2 on cpu:1");
+  testing::expect_equivalent(
+      train({2, 2}, {"pp", "dp"}, {.device = device, .fsdp = 1, .pipeline = {.micro_batches = 2}}), one,
+      "PP x FSDP on cpu:1");
+  testing::expect_equivalent(train({2, 2}, {"dp", "cp"}, {.device = device}, true, {}, 3), one, "DDP x CP on cpu:1");
+  const auto moe = [](models::GPTConfig& c) {
+    c.moe_experts = 4;
+    c.moe_top_k = 2;
+  };
+  testing::expect_equivalent(train({2, 2}, {"dp", "ep"}, {.device = device}, true, moe),
+                             train({1}, {"dp"}, {}, true, moe), "DP x EP on cpu:1", {1e-5, 3e-5});
+  // The step's peak memory is read on the device.
+  launch(2, [&](Group g) {
+    DeviceMesh mesh(g, {2}, {"dp"});
+    auto gpt = models::parallelize_gpt(mesh, tiny(), 7, {.device = device});
+    AdamW optimizer(gpt->parameters(), {.lr = 1e-2});
+    parallel::Trainer trainer(optimizer, {.sync = gpt->sync()});
+    const std::pair<Tensor, Tensor> batch = batch_of(0, tiny());
+    const parallel::StepReport report = trainer.step(0, [&](int64_t) {
+      return gpt->model()->loss(gpt->distribute_batch(batch.first), gpt->distribute_batch(batch.second));
+    });
+    ASSERT_EQ(report.stats.peak_memory_bytes.size(), 2u);
+    EXPECT_GT(report.stats.peak_memory_bytes[0], 0);
+    EXPECT_TRUE(report.stats.peak_host_memory_bytes.empty());
+    EXPECT_EQ(gpt->device(), device);
+  });
 }
 
 // Context parallelism: the sequence sharded over cp (load-balanced order, or

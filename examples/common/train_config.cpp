@@ -41,8 +41,12 @@ const std::vector<TrainKey>& train_keys() {
        "with tp: all-gather the logits before the loss instead of the vocab-parallel loss"},
       {"backend",
        &C::backend,
-       "threads (ranks are threads of this process) or mpi (run under mpirun)",
-       {"threads", "mpi"}},
+       "threads (ranks are threads of this process), mpi (run under mpirun) or nccl (one GPU per rank: one "
+       "process under mpirun, else a thread per GPU)",
+       {"threads", "mpi", "nccl"}},
+      {"device", &C::device,
+       "where ranks compute: cpu, cuda (with nccl each rank its own GPU; with threads every rank on cuda:0) or "
+       "cuda:N (threads: every rank on GPU N); auto: cuda with --backend nccl, else cpu"},
       {"steps", &C::steps, "optimizer steps"},
       {"batch", &C::batch, "global batch in sequences (split over dp, then over grad-accum)"},
       {"seq-len", &C::seq_len, "tokens per sequence"},

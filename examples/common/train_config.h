@@ -31,6 +31,7 @@ struct TrainConfig {
   bool sequence_parallel = false;
   bool gather_logits = false;
   std::string backend = "threads";
+  std::string device = "auto";
   int64_t steps = 200;
   int64_t batch = 16;
   int64_t seq_len = 32;

@@ -142,21 +142,22 @@ DistTensor distribute(const Tensor& full, const DeviceMesh& mesh, const Placemen
 DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Placements& placements,
                            int64_t source);
 
-// Factories on a mesh. Each rank creates only its piece; randn/rand give the same
-// global tensor for every mesh and placement (element i uses Philox index i, so
-// they equal Tensor::randn/rand(shape, seed)). Partial placements follow the rule above.
-DistTensor empty(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                 DType dtype = DType::F32);
-DistTensor zeros(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                 DType dtype = DType::F32);
-DistTensor ones(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                DType dtype = DType::F32);
-DistTensor full(const Shape& shape, double value, const DeviceMesh& mesh,
-                const Placements& placements, DType dtype = DType::F32);
-DistTensor randn(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                 uint64_t seed, DType dtype = DType::F32);
-DistTensor rand(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                uint64_t seed, DType dtype = DType::F32);
+// Factories on a mesh. Each rank creates only its piece, on `device`; randn/rand give
+// the same global tensor for every mesh, placement and device (element i uses Philox
+// index i, so they equal Tensor::randn/rand(shape, seed)). Partial placements follow
+// the rule above.
+DistTensor empty(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype = DType::F32,
+                 Device device = Device::cpu());
+DistTensor zeros(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype = DType::F32,
+                 Device device = Device::cpu());
+DistTensor ones(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype = DType::F32,
+                Device device = Device::cpu());
+DistTensor full(const Shape& shape, double value, const DeviceMesh& mesh, const Placements& placements,
+                DType dtype = DType::F32, Device device = Device::cpu());
+DistTensor randn(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, uint64_t seed,
+                 DType dtype = DType::F32, Device device = Device::cpu());
+DistTensor rand(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, uint64_t seed,
+                DType dtype = DType::F32, Device device = Device::cpu());
 
 // A text picture of which rank holds which block of the global tensor (1-D, 2-D
 // and 3-D meshes; uneven shards show their sizes). Needs no communication.

@@ -67,6 +67,10 @@ class Group {
   int rank() const;
   int size() const;
   std::string backend() const;  // "threads", "mpi" or "nccl"
+  // The device this rank communicates on: for nccl its GPU (the one init("nccl")
+  // made current for the rank: put the rank's model and batches there); for threads
+  // and mpi the CPU, whatever tensors they are later given.
+  Device device() const;
   // "world", then "world/c2" for the split with color 2 of it, and so on.
   std::string name() const;
 

@@ -194,20 +194,15 @@ DistTensor initial_gradient(const DistTensor& root, const DistTensor& grad) {
     for (Placement& p : whole) {
       if (p.is_partial()) p = Replicate();
     }
-    return zeros(root.shape(), root.mesh(), whole, root.dtype());
+    return zeros(root.shape(), root.mesh(), whole, root.dtype(), root.device());
   }
   if (!grad.defined()) {
     DT_CHECK_ARG(root.numel() == 1, "backward", "implicit gradient needs a tensor with one element, got shape ",
                  root.shape(), "; pass a gradient");
     // The gradient of a Partial(sum) value is the same on every coordinate, on the
-    // root's device (the DistTensor factories make CPU pieces).
+    // root's device.
     const Placements replicated(root.mesh().ndim(), Replicate());
-    const Device device = root.to_local().device();
-    if (!device.is_cpu()) {
-      return DistTensor::from_local(Tensor::ones(root.shape(), root.dtype(), device), root.mesh(), replicated,
-                                    root.shape());
-    }
-    return ones(root.shape(), root.mesh(), replicated, root.dtype());
+    return ones(root.shape(), root.mesh(), replicated, root.dtype(), root.device());
   }
   DT_CHECK_ARG(grad.shape() == root.shape(), "backward", "gradient shape ", grad.shape(),
                " differs from the tensor's ", root.shape());

@@ -101,6 +101,8 @@ class GroupImpl {
   // Whether the collectives take buffers in CUDA device memory (the public calls
   // then name the device in a BufferDeviceScope, src/comm/call_context.h).
   virtual bool accepts_cuda_buffers() const { return false; }
+  // The device this rank communicates on (Group::device): the CPU, but for nccl.
+  virtual Device device() const { return Device::cpu(); }
 
   // Collective; nullptr for a negative color.
   virtual std::shared_ptr<GroupImpl> split(int color, int key) = 0;

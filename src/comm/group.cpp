@@ -89,6 +89,7 @@ int Group::rank() const { return checked(impl_, "rank").rank(); }
 int Group::size() const { return checked(impl_, "size").size(); }
 std::string Group::backend() const { return checked(impl_, "backend").backend(); }
 std::string Group::name() const { return checked(impl_, "name").name(); }
+Device Group::device() const { return checked(impl_, "device").device(); }
 std::chrono::milliseconds Group::timeout() const { return checked(impl_, "timeout").timeout(); }
 
 void Group::set_timeout(std::chrono::milliseconds timeout) {

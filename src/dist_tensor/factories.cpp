@@ -35,8 +35,9 @@ void check_member(const DeviceMesh& mesh, const char* op) {
 
 // On a rank outside the mesh: the tensor exists (shape, dtype, placements) but holds
 // nothing here (dist_tensor.h).
-DistTensor elsewhere(const Shape& shape, DType dtype, const DeviceMesh& mesh, Placements normalized) {
-  return wrap(Tensor::empty({0}, dtype), mesh, std::move(normalized), shape);
+DistTensor elsewhere(const Shape& shape, DType dtype, const DeviceMesh& mesh, Placements normalized,
+                     Device device = Device::cpu()) {
+  return wrap(Tensor::empty({0}, dtype, device), mesh, std::move(normalized), shape);
 }
 
 void check_shape(const Shape& shape, const char* op) {
@@ -75,7 +76,7 @@ DistTensor distribute(const Tensor& full, const DeviceMesh& mesh, const Placemen
   DT_CHECK_ARG(full.defined(), op, "expected a defined tensor");
   DT_CHECK_ARG(mesh.defined(), op, "expected a defined mesh");
   Placements normalized = validate_placements(placements, mesh.ndim(), full.dim(), op);
-  if (!mesh.is_member()) return elsewhere(full.shape(), full.dtype(), mesh, std::move(normalized));
+  if (!mesh.is_member()) return elsewhere(full.shape(), full.dtype(), mesh, std::move(normalized), full.device());
   const auto block = local_block(full.shape(), mesh.shape(), normalized, mesh.coordinate());
   // A copy even where a view would do: ranks that are threads of one process often
   // pass the same `full`, and an in-place update of one rank's piece (an optimizer
@@ -174,15 +175,15 @@ namespace {
 // The local block of `shape`, built by make(block) where this coordinate holds the
 // value and zeros where a Partial(sum) dim says it does not.
 template <class Make>
-DistTensor make_local(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                      DType dtype, const char* op, Make make) {
+DistTensor make_local(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype,
+                      Device device, const char* op, Make make) {
   check_shape(shape, op);
   DT_CHECK_ARG(mesh.defined(), op, "expected a defined mesh");
   Placements normalized = validate_placements(placements, mesh.ndim(), static_cast<int64_t>(shape.size()), op);
-  if (!mesh.is_member()) return elsewhere(shape, dtype, mesh, std::move(normalized));
+  if (!mesh.is_member()) return elsewhere(shape, dtype, mesh, std::move(normalized), device);
   const auto block = local_block(shape, mesh.shape(), normalized, mesh.coordinate());
-  Tensor local = holds_value(normalized, mesh.coordinate()) ? make(block)
-                                                            : Tensor::zeros(lengths(block), dtype);
+  Tensor local =
+      holds_value(normalized, mesh.coordinate()) ? make(block) : Tensor::zeros(lengths(block), dtype, device);
   return wrap(std::move(local), mesh, std::move(normalized), shape);
 }
 
@@ -224,42 +225,44 @@ void check_floating(DType dtype, const char* op) {
 
 }  // namespace
 
-DistTensor empty(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype) {
+DistTensor empty(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype, Device device) {
   // Coordinates off 0 on a Partial(sum) dim still get zeros (make_local): then a
   // reduction over them adds nothing to whatever the caller writes on coordinate 0.
-  return make_local(shape, mesh, placements, dtype, "empty",
-                    [&](const std::vector<Range>& b) { return Tensor::empty(lengths(b), dtype); });
+  return make_local(shape, mesh, placements, dtype, device, "empty",
+                    [&](const std::vector<Range>& b) { return Tensor::empty(lengths(b), dtype, device); });
 }
 
-DistTensor zeros(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype) {
-  return make_local(shape, mesh, placements, dtype, "zeros",
-                    [&](const std::vector<Range>& b) { return Tensor::zeros(lengths(b), dtype); });
+DistTensor zeros(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype, Device device) {
+  return make_local(shape, mesh, placements, dtype, device, "zeros",
+                    [&](const std::vector<Range>& b) { return Tensor::zeros(lengths(b), dtype, device); });
 }
 
-DistTensor ones(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype) {
-  return make_local(shape, mesh, placements, dtype, "ones",
-                    [&](const std::vector<Range>& b) { return Tensor::ones(lengths(b), dtype); });
+DistTensor ones(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, DType dtype, Device device) {
+  return make_local(shape, mesh, placements, dtype, device, "ones",
+                    [&](const std::vector<Range>& b) { return Tensor::ones(lengths(b), dtype, device); });
 }
 
-DistTensor full(const Shape& shape, double value, const DeviceMesh& mesh, const Placements& placements,
-                DType dtype) {
-  return make_local(shape, mesh, placements, dtype, "full",
-                    [&](const std::vector<Range>& b) { return Tensor::full(lengths(b), value, dtype); });
+DistTensor full(const Shape& shape, double value, const DeviceMesh& mesh, const Placements& placements, DType dtype,
+                Device device) {
+  return make_local(shape, mesh, placements, dtype, device, "full",
+                    [&](const std::vector<Range>& b) { return Tensor::full(lengths(b), value, dtype, device); });
 }
 
-DistTensor randn(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                 uint64_t seed, DType dtype) {
+DistTensor randn(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, uint64_t seed, DType dtype,
+                 Device device) {
   check_floating(dtype, "randn");
-  return make_local(shape, mesh, placements, dtype, "randn", [&](const std::vector<Range>& b) {
-    return random_block<random::normal>(shape, b, seed, dtype);
+  // Drawn on the host, so that every device gets the CPU's numbers.
+  return make_local(shape, mesh, placements, dtype, device, "randn", [&](const std::vector<Range>& b) {
+    return random_block<random::normal>(shape, b, seed, dtype).to(device);
   });
 }
 
-DistTensor rand(const Shape& shape, const DeviceMesh& mesh, const Placements& placements,
-                uint64_t seed, DType dtype) {
+DistTensor rand(const Shape& shape, const DeviceMesh& mesh, const Placements& placements, uint64_t seed, DType dtype,
+                Device device) {
   check_floating(dtype, "rand");
-  return make_local(shape, mesh, placements, dtype, "rand", [&](const std::vector<Range>& b) {
-    return random_block<random::uniform>(shape, b, seed, dtype);
+  // Drawn on the host, so that every device gets the CPU's numbers.
+  return make_local(shape, mesh, placements, dtype, device, "rand", [&](const std::vector<Range>& b) {
+    return random_block<random::uniform>(shape, b, seed, dtype).to(device);
   });
 }
 

@@ -166,6 +166,7 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
   }
   if (!has_dim(mesh, "pp")) {
     model_ = std::make_unique<GPT>(mesh, config, seed);
+    model_->to(options_.device);
     // Tensor and expert parallelism first, then DDP or FSDP over their layouts.
     if (tp) parallel::parallelize_module(*model_, mesh["tp"], gpt_tp_plan(model_->config(), options_.tp));
     if (ep_) parallel::parallelize_module(*model_, mesh["ep"], {{"blocks.*.moe", parallel::ExpertParallel{}}});
@@ -174,6 +175,7 @@ ParallelGPT::ParallelGPT(const DeviceMesh& mesh, const GPTConfig& config, uint64
     pipeline_ = std::make_unique<GPTPipeline>(parallel::PipelineMesh(mesh), config, seed, options_.pipeline);
     const DeviceMesh& stage_mesh = pipeline_->mesh().stage_mesh();
     for (const auto& stage : pipeline_->stages()) {
+      stage->to(options_.device);
       if (tp) {
         parallel::parallelize_module(*stage, stage_mesh["tp"],
                                      parallel::restrict_plan(gpt_tp_plan(pipeline_->config(), options_.tp), *stage));
@@ -324,13 +326,15 @@ std::string ParallelGPT::describe() const {
   return out;
 }
 
-DistTensor ParallelGPT::distribute_batch(const Tensor& global) const {
+DistTensor ParallelGPT::distribute_batch(const Tensor& batch) const {
+  const Tensor global = batch.to(options_.device);
   if (!cp_) return distribute(global, data_mesh(), batch_layout_);
   return parallel::distribute_sequence(global, data_mesh(), batch_layout_, options_.context, 1);
 }
 
-DistTensor ParallelGPT::batch_from_local(const Tensor& rows) const {
-  DT_CHECK_ARG(rows.dim() == 2, kOp, "expected this rank's rows of the batch [B, T], got ", rows.shape());
+DistTensor ParallelGPT::batch_from_local(const Tensor& batch_rows) const {
+  DT_CHECK_ARG(batch_rows.dim() == 2, kOp, "expected this rank's rows of the batch [B, T], got ", batch_rows.shape());
+  const Tensor rows = batch_rows.to(options_.device);
   const Shape global{rows.size(0) * dp_size_, rows.size(1)};
   if (!cp_) return DistTensor::from_local(rows, data_mesh(), batch_layout_, global);
   const DeviceMesh& mesh = data_mesh();

@@ -91,8 +91,9 @@ DistTensor with_aux_gradient(const DistTensor& y, const DistTensor& aux) {
   std::vector<DistTensor> outs{DistTensor::from_local(y.to_local(), y.mesh(), y.placements(), y.shape())};
   const DeviceMesh mesh = aux.mesh();
   const Placements layout = aux.placements();
-  autograd::record("moe_aux_loss", {y, aux}, outs, [mesh, layout](const std::vector<DistTensor>& grads) {
-    return std::vector<DistTensor>{grads[0], full({}, aux_loss_scale, mesh, layout, DType::F32)};
+  const Device device = aux.device();
+  autograd::record("moe_aux_loss", {y, aux}, outs, [mesh, layout, device](const std::vector<DistTensor>& grads) {
+    return std::vector<DistTensor>{grads[0], full({}, aux_loss_scale, mesh, layout, DType::F32, device)};
   });
   return outs[0];
 }
@@ -200,7 +201,7 @@ DistTensor MoE::forward(const DistTensor& x) {
   std::iota(token_dims.begin(), token_dims.end(), 0);
   const double tokens = static_cast<double>(shape_numel(lead));
   const Placements replicated(static_cast<size_t>(mesh.ndim()), Replicate());
-  DistTensor aux = full({}, 0.0, mesh, replicated, DType::F32);
+  DistTensor aux = full({}, 0.0, mesh, replicated, DType::F32, device);
   if (c.aux_loss_coef > 0) {
     // f_e (a constant, one all-reduce of [E]) against every token's scores: the mean
     // score per expert never needs reducing on its own, and backward is local.

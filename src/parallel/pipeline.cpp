@@ -162,6 +162,12 @@ std::vector<DistTensor> Pipeline::forward(int64_t step, std::optional<DType> com
   return rt.outputs;
 }
 
+Device PipelineStage::compute_device() const {
+  if (device) return *device;
+  const std::vector<DistTensor> params = module->parameters();
+  return params.empty() ? Device::cpu() : params.front().device();
+}
+
 void Pipeline::finish_gradient_sync() {
   for (const PipelineStage& s : stages_) {
     if (s.sync) s.sync->finish_gradient_sync();

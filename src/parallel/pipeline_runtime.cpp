@@ -40,12 +40,7 @@ const PipelineStage& Pipeline::Runtime::stage_at(int stage) const {
   throw std::logic_error("[pipeline] no local stage " + std::to_string(stage));
 }
 
-Device Pipeline::Runtime::device_of(int stage) const {
-  const PipelineStage& s = stage_at(stage);
-  if (s.device) return *s.device;
-  const std::vector<DistTensor> params = s.module->parameters();
-  return params.empty() ? Device::cpu() : params.front().device();
-}
+Device Pipeline::Runtime::device_of(int stage) const { return stage_at(stage).compute_device(); }
 
 void Pipeline::Runtime::forward(const Action& a, Micro& st) {
   const PipelineStage& stage = stage_at(a.stage);

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "dtensor/autograd.h"
 #include "dtensor/nn/layers.h"
@@ -15,14 +16,28 @@
 namespace dtensor::parallel {
 namespace {
 
+// The memory a step's peaks are read on: the device this rank computes on (the
+// loss's) and its host side (offloading's: the CPU for a GPU, cpu:1 for the CPU,
+// device.h; none for a model on cpu:1 itself).
+struct PeakDevices {
+  Device device;
+  std::optional<Device> host;
+  explicit PeakDevices(Device on) : device(on) {
+    if (on.is_cuda()) host = Device::cpu();
+    if (on == Device::cpu()) host = Device::cpu(1);
+  }
+};
+
+// Every device's peak restarts at the step's start (where the step computes is known
+// once its first loss is).
 void reset_peaks() {
-  reset_peak_memory();
-  reset_peak_memory(Device::cpu(1));
+  for (const Device d : {Device::cpu(), Device::cpu(1), Device::cuda()}) reset_peak_memory(d);
 }
 
-// Every rank's peaks since reset_peaks, on the CPU and on cpu:1 (one all-gather).
-void gather_peaks(const Group& group, StepStats& stats) {
-  const std::vector<int64_t> mine = {memory_stats().peak_bytes, memory_stats(Device::cpu(1)).peak_bytes};
+// Every rank's peaks since reset_peaks, on the device and its host (one all-gather).
+void gather_peaks(const Group& group, const PeakDevices& on, StepStats& stats) {
+  const std::vector<int64_t> mine = {memory_stats(on.device).peak_bytes,
+                                     on.host ? memory_stats(*on.host).peak_bytes : 0};
   const std::vector<int64_t> all =
       all_gather(group, Tensor::from_vector(mine, {1, 2})).contiguous().to_vector<int64_t>();
   bool host = false;
@@ -61,6 +76,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   StepReport report;
   report.stats.step = step;  // finish_step reads it
   DistTensor step_loss;  // F64, the micro-batch losses summed in their own layout
+  Device compute_device;
   const auto t0 = std::chrono::steady_clock::now();
   {
     TraceSpan step_span("step", "train");
@@ -88,6 +104,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
         (scaler_ ? scaler_->scale(loss) : loss).backward();
       }
       NoGradGuard no_grad;
+      compute_device = loss.device();
       const DistTensor value = loss.detach().to(DType::F64);
       step_loss = step_loss.defined() ? add(step_loss, value) : value;
     }
@@ -97,7 +114,7 @@ StepReport Trainer::step(int64_t step, const MicroBatchLoss& loss_of) {
   report.stats.loss = step_loss.full_tensor().item<double>();
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;
-  gather_peaks(optimizer_.params().front().mesh().group(), report.stats);
+  gather_peaks(optimizer_.params().front().mesh().group(), PeakDevices(compute_device), report.stats);
   Tracer::counter("loss", report.stats.loss);
   return report;
 }
@@ -122,7 +139,7 @@ StepReport Trainer::step(int64_t step, MicroBatchRunner& runner) {
   }
   report.stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   report.stats.tokens = options_.tokens_per_step;
-  gather_peaks(runner.group(), report.stats);
+  gather_peaks(runner.group(), PeakDevices(runner.device()), report.stats);
   Tracer::counter("loss", report.stats.loss);
   return report;
 }

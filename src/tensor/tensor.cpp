@@ -221,7 +221,7 @@ std::string Tensor::to_string(int64_t max_per_dim) const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream os;
   os << "Tensor(shape=" << shape_to_string(shape()) << ", dtype=" << dtype_name(dtype());
-  if (!device().is_cpu()) os << ", device=" << device().to_string();
+  if (device() != Device::cpu()) os << ", device=" << device().to_string();
   os << ", ";
   Tensor values = to(Device::cpu()).to(DType::F64).contiguous();
   format_dim(os, static_cast<const double*>(values.data_ptr()), shape(), 0, 0, dtype(),

@@ -72,6 +72,11 @@ struct GPTPlanOptions {
 parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions options = {});
 
 struct GPTParallelOptions {
+  // Where the model computes: it is built on the CPU (the same initial values on any
+  // device) and moved here before tensor, expert and data parallelism wrap it, and
+  // distribute_batch / batch_from_local put batches here. On nccl, the mesh group's
+  // device (Group::device(): the rank's own GPU).
+  Device device = Device::cpu();
   GPTPlanOptions tp;  // with a "tp" mesh dim
   // With a "dp" mesh dim: 0 DDP; 1, 2 or 3 FSDP at that ZeRO stage (every block its
   // own unit, the rest the root's).
@@ -128,6 +133,7 @@ class ParallelGPT {
   // layout there (Shard(0) over "replicate" and "dp", Replicate over the others), and
   // this rank's data-parallel index and the data-parallel degree.
   const DeviceMesh& data_mesh() const;
+  Device device() const { return options_.device; }
   const Placements& batch_layout() const { return batch_layout_; }
   int64_t dp_rank() const { return dp_rank_; }
   int64_t dp_size() const { return dp_size_; }
@@ -135,11 +141,12 @@ class ParallelGPT {
   std::string describe() const;
 
   // A global batch [B, T] (the same on every rank: ids, targets) on data_mesh() in
-  // batch_layout(), its sequence in the context-parallel order when there is a cp dim.
+  // batch_layout() on options' device, its sequence in the context-parallel order
+  // when there is a cp dim.
   DistTensor distribute_batch(const Tensor& global) const;
   // The same from this rank's rows of the batch [B / dp_size(), T] (whole sequences,
-  // what a DistributedSampler gives dp_rank()): with a cp dim, this rank keeps its
-  // chunks of the sequence. No communication.
+  // what a DistributedSampler gives dp_rank(), on any device): with a cp dim, this
+  // rank keeps its chunks of the sequence. No communication.
   DistTensor batch_from_local(const Tensor& rows) const;
   // With a "cp" mesh dim, the options to run forward and backward under:
   //   const ContextParallelScope scope(gpt->context_parallel());

@@ -102,6 +102,9 @@ struct PipelineStage {
   // GPU sends and receives CUDA tensors). Unset: the device of the module's
   // parameters, the CPU for a module without any.
   std::optional<Device> device;
+
+  // `device`, or the default above.
+  Device compute_device() const;
 };
 
 // A parameter several stages hold (its name as each holder's named_parameters()
@@ -163,6 +166,7 @@ class Pipeline final : public MicroBatchRunner {
   void finish_gradient_sync() override;
   double grad_norm(const std::vector<DistTensor>& params) override;
   const Group& group() const override { return mesh_.mesh().group(); }
+  Device device() const override { return stages_.front().compute_device(); }
 
   // A training step without a trainer: every forward and backward (no loss scaling);
   // returns the step's loss on every rank. Gradients stay unsynchronised until

@@ -44,9 +44,11 @@ struct StepStats {
   double loss = 0;
   int64_t tokens = 0;                      // tokens processed by the whole job in this step
   double seconds = 0;                      // wall time of the step
-  std::vector<int64_t> peak_memory_bytes;  // one per rank (may be empty)
-  // The same for cpu:1, the host side of offloading on a machine without a GPU
-  // (device.h); empty when no rank holds anything there.
+  // One per rank (may be empty), on the device the step computes on (its loss's; a
+  // pipeline's: MicroBatchRunner::device).
+  std::vector<int64_t> peak_memory_bytes;
+  // The same on that device's host side (offloading's): the CPU for a GPU, cpu:1 for
+  // the CPU (device.h); empty when no rank holds anything there.
   std::vector<int64_t> peak_host_memory_bytes;
   std::optional<double> lr;                // shown when set
 };
@@ -92,6 +94,8 @@ class MicroBatchRunner {
   virtual double grad_norm(const std::vector<DistTensor>& params) = 0;
   // Every rank of the job.
   virtual const Group& group() const = 0;
+  // Where this rank computes: the step's peak memory is read there.
+  virtual Device device() const { return Device::cpu(); }
 };
 
 struct TrainerOptions {

@@ -131,7 +131,7 @@ class NcclWork final : public WorkImpl {
   // Orders the waiting thread's current stream after the call: no host block.
   void wait() override {
     group_->throw_if_failed(op_);
-    cudaStream_t stream = static_cast<cudaStream_t>(backend::cuda::current_stream(group_->device()));
+    cudaStream_t stream = static_cast<cudaStream_t>(backend::cuda::current_stream(group_->device_index()));
     check(cudaStreamWaitEvent(stream, done_.get(), 0), "cudaStreamWaitEvent");
   }
   // Never throws (a dropped Work asks from its destructor): an aborted call's kernels

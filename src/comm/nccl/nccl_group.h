@@ -53,7 +53,8 @@ class NcclGroup final : public GroupImpl, public std::enable_shared_from_this<Nc
   std::string backend() const override { return "nccl"; }
   std::vector<int> world_ranks() const override { return host_->world_ranks(); }
   bool accepts_cuda_buffers() const override { return true; }
-  int device() const { return device_; }
+  Device device() const override { return Device::cuda(device_); }
+  int device_index() const { return device_; }
 
   std::shared_ptr<GroupImpl> split(int color, int key) override;
 
