@@ -22,6 +22,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include "backend/cudnn_attention.h"
 #include "dtensor/cuda.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/models/gpt.h"
@@ -177,13 +178,24 @@ std::string matmul_figures(std::vector<Figure>& figures) {
 
 // Causal fused attention forward + backward through DistTensor autograd, B 8, H 16,
 // T 2048, D 128, BF16. FLOPs as torch_gpu_peer.py counts them: forward
-// 2 * 2 * B*H*T*T*D * 0.5 (causal), backward 2.5x the forward.
+// 2 * 2 * B*H*T*T*D * 0.5 (causal), backward 2.5x the forward. On a GPU twice: the
+// default engine (cuDNN's fused attention where it takes the call) and the own
+// kernels (DTENSOR_ATTENTION=own), alternating.
 std::string attention_figures(std::vector<Figure>& figures) {
+  namespace cudnn = backend::cudnn;
   const int64_t batch = g_mode.smoke ? 1 : 8, heads = g_mode.smoke ? 2 : 16, seq = g_mode.smoke ? 64 : 2048,
                 head_dim = g_mode.smoke ? 16 : 128;
   const double forward_flops = 2.0 * 2.0 * batch * heads * static_cast<double>(seq) * seq * head_dim * 0.5;
   const double flops = forward_flops * 3.5;
-  double ms = 0, forward_ms = 0;
+  struct Row {
+    const char* name;
+    cudnn::AttentionEngine engine;
+    double forward_ms = 0, ms = 0;
+    int64_t cudnn_runs = 0;
+  };
+  std::vector<Row> rows = {{"default", cudnn::AttentionEngine::Auto}};
+  if (g_mode.device.is_cuda()) rows.push_back({"own kernels", cudnn::AttentionEngine::Own});
+  const cudnn::AttentionEngine before = cudnn::attention_engine();
   launch(1, [&](Group g) {
     DeviceMesh mesh(g, {1});
     const Shape shape{batch, heads, seq, head_dim};
@@ -196,26 +208,43 @@ std::string attention_figures(std::vector<Figure>& figures) {
     DistTensor q = leaf(1), k = leaf(2), v = leaf(3);
     const DistTensor grad =
         DistTensor::from_local(Tensor::randn(shape, 4, DType::BF16, g_mode.device), mesh, {Replicate()});
-    forward_ms = time_ms([&] {
-      NoGradGuard no_grad;
-      DistTensor out = scaled_dot_product_attention(q, k, v, true);
-    });
-    ms = time_ms([&] {
-      q.zero_grad();
-      k.zero_grad();
-      v.zero_grad();
-      scaled_dot_product_attention(q, k, v, true).backward(grad);
-    });
+    for (Row& row : rows) {
+      cudnn::set_attention_engine(row.engine);
+      const int64_t runs = cudnn::runs();
+      row.forward_ms = time_ms([&] {
+        NoGradGuard no_grad;
+        DistTensor out = scaled_dot_product_attention(q, k, v, true);
+      });
+      row.ms = time_ms([&] {
+        q.zero_grad();
+        k.zero_grad();
+        v.zero_grad();
+        scaled_dot_product_attention(q, k, v, true).backward(grad);
+      });
+      row.cudnn_runs = cudnn::runs() - runs;
+    }
   });
-  figures.push_back({"attention_fwd_bwd_ms", ms});
-  char text[400];
-  std::snprintf(text, sizeof text,
-                "\n| causal attention B%lld H%lld T%lld D%lld BF16 | median ms | TFLOP/s |\n|---|---|---|\n"
-                "| forward (no grad) | %.3f | %.1f |\n| forward + backward (autograd) | %.3f | %.1f |\n",
+  cudnn::set_attention_engine(before);
+  figures.push_back({"attention_fwd_bwd_ms", rows.front().ms});
+  if (rows.size() > 1) figures.push_back({"attention_own_fwd_bwd_ms", rows.back().ms});
+  std::ostringstream out;
+  char line[400];
+  std::snprintf(line, sizeof line,
+                "\n| causal attention B%lld H%lld T%lld D%lld BF16 | forward ms | TFLOP/s | forward + backward ms "
+                "(autograd) | TFLOP/s |\n|---|---|---|---|---|\n",
                 static_cast<long long>(batch), static_cast<long long>(heads), static_cast<long long>(seq),
-                static_cast<long long>(head_dim), forward_ms, forward_flops / (forward_ms * 1e9), ms,
-                flops / (ms * 1e9));
-  return text;
+                static_cast<long long>(head_dim));
+  out << line;
+  for (const Row& row : rows) {
+    const std::string name =
+        row.engine == cudnn::AttentionEngine::Auto
+            ? std::string(row.cudnn_runs > 0 ? "cuDNN fused attention" : "own kernels") + " (the default here)"
+            : row.name;
+    std::snprintf(line, sizeof line, "| %s | %.3f | %.1f | %.3f | %.1f |\n", name.c_str(), row.forward_ms,
+                  forward_flops / (row.forward_ms * 1e9), row.ms, flops / (row.ms * 1e9));
+    out << line;
+  }
+  return out.str();
 }
 
 // A GPT training step on one GPU: about 350M parameters (vocab 32768, d 1024, 24

@@ -71,6 +71,25 @@ if(DTENSOR_WITH_CUDA AND NOT DTENSOR_WITH_NCCL STREQUAL "OFF")
 endif()
 dtensor_resolve_option(DTENSOR_WITH_NCCL DTENSOR_NCCL_FOUND)
 
+# cuDNN 9 (the CUDA backend's fused attention, src/backend/cudnn/) ships with the
+# toolkit here too; without it the own attention kernels run every call.
+set(DTENSOR_WITH_CUDNN AUTO CACHE STRING "Build cuDNN's fused attention into the CUDA backend (AUTO, ON, OFF)")
+set(DTENSOR_CUDNN_FOUND OFF)
+if(DTENSOR_WITH_CUDA AND NOT DTENSOR_WITH_CUDNN STREQUAL "OFF")
+  find_path(DTENSOR_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(DTENSOR_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(DTENSOR_CUDNN_INCLUDE_DIR AND DTENSOR_CUDNN_LIBRARY)
+    file(STRINGS ${DTENSOR_CUDNN_INCLUDE_DIR}/cudnn_version.h cudnn_version_lines REGEX "#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) ")
+    string(REGEX REPLACE ".*CUDNN_MAJOR ([0-9]+).*CUDNN_MINOR ([0-9]+).*CUDNN_PATCHLEVEL ([0-9]+).*" "\\1.\\2.\\3"
+           DTENSOR_CUDNN_VERSION "${cudnn_version_lines}")
+    # The backend API's graph of fused attention as built here needs cuDNN 9.
+    if(DTENSOR_CUDNN_VERSION VERSION_GREATER_EQUAL 9)
+      set(DTENSOR_CUDNN_FOUND ON)
+    endif()
+  endif()
+endif()
+dtensor_resolve_option(DTENSOR_WITH_CUDNN DTENSOR_CUDNN_FOUND)
+
 # The optional GEMM engines of the CPU backend (OpenBLAS is always there). Plain
 # find_path/find_library: Debian's dnnl CMake package drags in OpenCL, and BLIS has
 # no CMake or pkg-config file; its headers sit in one folder per threading flavour.

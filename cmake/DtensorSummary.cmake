@@ -36,6 +36,12 @@ function(dtensor_summary)
     message(STATUS "dtensor: CUDA ${CUDAToolkit_VERSION}: on, device code for ${CMAKE_CUDA_ARCHITECTURES} "
                    "(DTENSOR_CUDA_ARCHITECTURES); the library links libcudart.so.${CUDAToolkit_VERSION_MAJOR} and "
                    "libcublasLt.so.${CUDAToolkit_VERSION_MAJOR} (-DDTENSOR_WITH_CUDA=OFF builds without)")
+    if(DTENSOR_WITH_CUDNN)
+      message(STATUS "dtensor: cuDNN ${DTENSOR_CUDNN_VERSION}: fused attention for BF16/F16 "
+                     "(${DTENSOR_CUDNN_LIBRARY}; DTENSOR_ATTENTION=auto|cudnn|own picks at run time)")
+    else()
+      message(STATUS "dtensor: cuDNN: off (the own attention kernels run every call)")
+    endif()
   else()
     message(STATUS "dtensor: CUDA: off")
   endif()

@@ -1,11 +1,13 @@
 // Fused attention on CUDA against the CPU kernel (label cuda): out, lse and the three
-// gradients for F32, BF16 and F16 (F16 runs through F32 on both), causal or not, a
+// gradients for F32, BF16 and F16 (cuDNN's fused attention where it takes the call,
+// else the own kernels, F16 through F32 there and on the CPU), causal or not, a
 // custom scale, more keys than queries and the reverse, key counts across the row
 // kernels' 128-wide tiles and the tiled kernels' 64-row ones (BF16, head dims 16 to
 // 128), and a transposed [B, S, H, D] view; the F64 forward (the composite formulas
 // on the GPU's ops). Skips with a message where no GPU is visible; the batch plan and
 // the tiled kernels' code are tested on the CPU (test_attention_kernel,
 // test_attention_tiles).
+#include "backend/cudnn_attention.h"
 #include "test_helpers.h"
 
 using namespace dtensor;
@@ -93,4 +95,53 @@ TEST(CudaAttention, F64ForwardRunsTheCompositeFormulasOnTheGpu) {
     expect_same(gpu.out, cpu.out, 1e-12, causal ? "f64 causal out" : "f64 out");
     expect_same(gpu.lse, cpu.lse, 1e-6, causal ? "f64 causal lse" : "f64 lse");
   }
+}
+
+// cuDNN's fused attention (DTENSOR_ATTENTION=cudnn) and the own kernels (=own) on the
+// same BF16 and F16 calls, each against the CPU: the model's [B, S, H, D] layout seen
+// as [B, H, S, D], causal or not, Sq != Sk, head dims 64 and 128; every call of the
+// cudnn pass ran through cuDNN (cudnn::runs), the own pass through none.
+TEST(CudaAttention, CudnnAndTheOwnKernelsBothMatchTheCpu) {
+  REQUIRE_GPU();
+  namespace cudnn = backend::cudnn;
+  if (!cudnn::compiled()) GTEST_SKIP() << "this build has no cuDNN (the configure summary says why)";
+  if (cudnn::target(0).sm < 80) GTEST_SKIP() << "cuDNN's fused attention needs compute capability 8.0";
+  const cudnn::AttentionEngine before = cudnn::attention_engine();
+  struct Case {
+    int64_t queries, keys, head_dim;
+  };
+  for (const cudnn::AttentionEngine engine : {cudnn::AttentionEngine::Cudnn, cudnn::AttentionEngine::Own}) {
+    cudnn::set_attention_engine(engine);
+    for (DType t : {DType::BF16, DType::F16}) {
+      for (const Case& c : {Case{128, 128, 64}, Case{96, 160, 128}, Case{200, 72, 64}}) {
+        for (bool causal : {false, true}) {
+          const std::string what = std::string(cudnn::attention_engine_name(engine)) + " " +
+                                   std::string(dtype_name(t)) + " Sq " + std::to_string(c.queries) + " Sk " +
+                                   std::to_string(c.keys) + " D " + std::to_string(c.head_dim) +
+                                   (causal ? " causal" : "");
+          auto bshd = [&](int64_t s, uint64_t seed) { return values({2, s, 4, c.head_dim}, t, seed).transpose(1, 2); };
+          const Tensor q = bshd(c.queries, 1), k = bshd(c.keys, 2), v = bshd(c.keys, 3), g = bshd(c.queries, 4);
+          auto on_gpu = [](const Tensor& x) { return x.to(kGpu); };
+          const int64_t runs = cudnn::runs();
+          const AttentionResult cpu = scaled_dot_product_attention(q, k, v, causal);
+          const AttentionResult gpu = scaled_dot_product_attention(on_gpu(q), on_gpu(k), on_gpu(v), causal);
+          expect_same(gpu.out, cpu.out, tolerance(t), what + " out");
+          expect_same(gpu.lse, cpu.lse, 1e-3, what + " lse");
+          const AttentionGrads cg = scaled_dot_product_attention_backward(g, q, k, v, cpu, causal);
+          const AttentionGrads gg =
+              scaled_dot_product_attention_backward(on_gpu(g), on_gpu(q), on_gpu(k), on_gpu(v), gpu, causal);
+          expect_same(gg.grad_q, cg.grad_q, tolerance(t) * 2, what + " grad_q");
+          expect_same(gg.grad_k, cg.grad_k, tolerance(t) * 2, what + " grad_k");
+          expect_same(gg.grad_v, cg.grad_v, tolerance(t) * 2, what + " grad_v");
+          EXPECT_EQ(cudnn::runs() - runs, engine == cudnn::AttentionEngine::Cudnn ? 2 : 0) << what;
+        }
+      }
+    }
+  }
+  // Pinned to cuDNN, a call it refuses is an error naming the reason.
+  cudnn::set_attention_engine(cudnn::AttentionEngine::Cudnn);
+  const Tensor odd = values({1, 2, 16, 12}, DType::BF16, 5).to(kGpu);
+  EXPECT_THROW_MSG(scaled_dot_product_attention(odd, odd, odd, true), std::runtime_error,
+                   "DTENSOR_ATTENTION=cudnn, and cuDNN does not take");
+  cudnn::set_attention_engine(before);
 }

@@ -36,9 +36,12 @@ double scale_of(const Tensor& q, std::optional<double> scale) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(q.size(-1), 1)));
 }
 
-// F32 and BF16 run the kernel as they are; F16 goes through F32. F64, the
-// reference precision, takes the naive formulas below in F64.
-DType kernel_dtype(DType t) { return t == DType::BF16 ? DType::BF16 : DType::F32; }
+// F32 and BF16 run the kernel as they are; F16 goes through F32 on the CPU and as
+// it is on CUDA (cuDNN's fused attention takes it; the own kernels convert). F64,
+// the reference precision, takes the naive formulas below in F64.
+DType kernel_dtype(const Tensor& t) {
+  return t.dtype() == DType::BF16 || (t.dtype() == DType::F16 && t.device().is_cuda()) ? t.dtype() : DType::F32;
+}
 
 // The scaled scores with the causal mask applied (-inf where hidden): the F64 path.
 Tensor masked_scores(const Tensor& q, const Tensor& k, bool causal, double scale) {
@@ -76,7 +79,7 @@ bool composite_only(const Tensor& q, const Tensor& k, const Tensor& v) {
 
 // Rows the kernel can read: unit stride along the last dim, in the kernel's dtype.
 Tensor kernel_operand(const Tensor& t) {
-  const Tensor c = t.to(kernel_dtype(t.dtype()));
+  const Tensor c = t.to(kernel_dtype(t));
   return c.stride(-1) == 1 || c.size(-1) == 1 ? c : c.contiguous();
 }
 

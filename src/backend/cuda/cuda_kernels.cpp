@@ -8,9 +8,11 @@
 // (forward and backward where the op has one). Kernels run on the calling thread's
 // current stream of the tensors' GPU.
 #include <cassert>
+#include <cstdint>
 #include <cstring>
 
 #include "backend/cuda/attention.h"
+#include "backend/cuda/attention_engine.h"
 #include "backend/cuda/cross_entropy.h"
 #include "backend/cuda/cuda_runtime.h"
 #include "backend/cuda/elementwise.h"
@@ -259,15 +261,64 @@ class CudaKernels final : public Kernels {
                                   static_cast<const double*>(upstream.data_ptr()), logits.data_ptr(),
                                   targets.data_ptr(), grad_logits.data_ptr(), stream_of(logits));
   }
+  // cuDNN's fused attention where it takes the call (attention_engine.h), else the own
+  // kernels, which compute F16 through F32.
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
                  Tensor& lse) override {
-    const AttentionShape s = attention_shape(q, k, v, causal, scale);
-    launch_attention(s, attention_rows(q), attention_rows(k), attention_rows(v), attention_rows(out), q.data_ptr(),
-                     k.data_ptr(), v.data_ptr(), out.data_ptr(), static_cast<float*>(lse.data_ptr()), stream_of(q));
+    if (const auto graph = cudnn_attention_graph({&q, &k, &v, &out}, causal, scale, false)) {
+      const Tensor workspace = cudnn_workspace(graph->workspace_bytes, q.device());
+      cudnn::run_forward(*graph, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                         static_cast<float*>(lse.data_ptr()), static_cast<float>(scale), workspace.data_ptr(),
+                         stream_of(q));
+      return;
+    }
+    if (q.dtype() == DType::F16) {
+      Tensor out32 = Tensor::empty(out.shape(), DType::F32, out.device());
+      own_attention(as_f32(q), as_f32(k), as_f32(v), causal, scale, out32, lse);
+      out.copy_(out32);
+      return;
+    }
+    own_attention(q, k, v, causal, scale, out, lse);
   }
   void attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse, bool causal, double scale, Tensor& grad_q, Tensor& grad_k,
                           Tensor& grad_v) override {
+    if (const auto graph =
+            cudnn_attention_graph({&q, &k, &v, &out, &g, &grad_q, &grad_k, &grad_v}, causal, scale, true)) {
+      const Tensor workspace = cudnn_workspace(graph->workspace_bytes, q.device());
+      // cuDNN reads the stats 16-byte aligned; a context-parallel chunk's lse is a view.
+      const Tensor stats = reinterpret_cast<uintptr_t>(lse.data_ptr()) % 16 == 0 ? lse : lse.clone();
+      cudnn::run_backward(*graph, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), g.data_ptr(),
+                          static_cast<const float*>(stats.data_ptr()), grad_q.data_ptr(), grad_k.data_ptr(),
+                          grad_v.data_ptr(), static_cast<float>(scale), workspace.data_ptr(), stream_of(q));
+      return;
+    }
+    if (q.dtype() == DType::F16) {
+      Tensor gq = Tensor::empty(grad_q.shape(), DType::F32, q.device()),
+             gk = Tensor::empty(grad_k.shape(), DType::F32, q.device()),
+             gv = Tensor::empty(grad_v.shape(), DType::F32, q.device());
+      own_attention_backward(as_f32(g), as_f32(q), as_f32(k), as_f32(v), as_f32(out), lse, causal, scale, gq, gk, gv);
+      grad_q.copy_(gq);
+      grad_k.copy_(gk);
+      grad_v.copy_(gv);
+      return;
+    }
+    own_attention_backward(g, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
+  }
+  // An operand in F32 with rows of unit stride, as the own kernels read it.
+  static Tensor as_f32(const Tensor& t) {
+    const Tensor c = t.to(DType::F32);
+    return c.stride(-1) == 1 || c.size(-1) == 1 ? c : c.contiguous();
+  }
+  static void own_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
+                            Tensor& lse) {
+    const AttentionShape s = attention_shape(q, k, v, causal, scale);
+    launch_attention(s, attention_rows(q), attention_rows(k), attention_rows(v), attention_rows(out), q.data_ptr(),
+                     k.data_ptr(), v.data_ptr(), out.data_ptr(), static_cast<float*>(lse.data_ptr()), stream_of(q));
+  }
+  static void own_attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, const Tensor& lse, bool causal, double scale, Tensor& grad_q,
+                                     Tensor& grad_k, Tensor& grad_v) {
     const AttentionShape s = attention_shape(q, k, v, causal, scale);
     const AttentionGradRows rows{attention_rows(g),      attention_rows(q),     attention_rows(k),
                                  attention_rows(v),      attention_rows(out),   attention_rows(grad_q),
