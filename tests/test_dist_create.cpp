@@ -282,6 +282,16 @@ TEST(DistCreate, DistributeFromOneSource) {
       }
     }
   });
+  // The pieces land on the source's device on every rank (zero pieces included).
+  launch(4, [](Group world) {
+    DeviceMesh mesh(world, {2, 2});
+    const Tensor full = indexed({6, 4}).to(Device::cpu(1));
+    for (const Placements& placements : {Placements{Shard(0), Replicate()}, Placements{Partial(), Shard(1)}}) {
+      const DistTensor d = distribute_from(world.rank() == 1 ? full : Tensor(), mesh, placements, 1);
+      EXPECT_EQ(d.device(), Device::cpu(1)) << placements_to_string(placements);
+      EXPECT_TRUE(allclose(d.full_tensor().to(Device::cpu()), full.to(Device::cpu()), 0, 0));
+    }
+  });
 }
 
 TEST(DistCreate, BadInputErrors) {

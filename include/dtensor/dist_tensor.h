@@ -136,9 +136,10 @@ class DistTensor {
 // so that ranks sharing one `full` never alias each other's pieces).
 DistTensor distribute(const Tensor& full, const DeviceMesh& mesh, const Placements& placements);
 // Only the mesh rank at `source` (a row-major mesh index) needs `full`; the pieces
-// are sent from it. Other ranks may pass any tensor, even an undefined one: shape
-// and dtype come from the source (one broadcast, then one message per rank that
-// holds a non-empty, non-zero piece).
+// are sent from it. Other ranks may pass any tensor, even an undefined one: shape,
+// dtype and device come from the source (one broadcast, then one message per rank
+// that holds a non-empty, non-zero piece); a GPU source gives each rank a piece on
+// its own GPU under nccl (Group::device()), on the source's GPU otherwise.
 DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Placements& placements,
                            int64_t source);
 

@@ -90,10 +90,12 @@ DistTensor distribute(const Tensor& full, const DeviceMesh& mesh, const Placemen
 // ---- distribute_from -----------------------------------------------------------------------
 
 namespace {
-// The source's header, one fixed-size broadcast: dtype, ndim, sizes. A negative
-// dtype or ndim reports the source's own error so every rank fails together.
+// The source's header, one fixed-size broadcast: dtype, ndim, device type and index,
+// sizes. A negative dtype or ndim reports the source's own error so every rank fails
+// together.
 constexpr int64_t kMaxDims = 16;
-constexpr int64_t kHeader = 2 + kMaxDims;
+constexpr int64_t kSizes = 4;  // where the sizes start
+constexpr int64_t kHeader = kSizes + kMaxDims;
 constexpr int64_t kUndefinedSource = -1;
 constexpr int64_t kTooManyDims = -2;
 constexpr int kDistributeTag = 0x4454;  // "DT": keeps these messages apart from user tags
@@ -121,7 +123,9 @@ DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Pla
     } else {
       h[0] = static_cast<int64_t>(full.dtype());
       h[1] = full.dim();
-      for (int64_t d = 0; d < full.dim(); ++d) h[2 + d] = full.size(d);
+      h[2] = static_cast<int64_t>(full.device().type);
+      h[3] = full.device().index;
+      for (int64_t d = 0; d < full.dim(); ++d) h[kSizes + d] = full.size(d);
     }
   }
   broadcast_(group, header, static_cast<int>(source));
@@ -131,7 +135,13 @@ DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Pla
   DT_CHECK_SUPPORTED(h[0] != kTooManyDims, op, "supports tensors of up to ", kMaxDims,
                      " dims; the source's has more");
   const auto dtype = static_cast<DType>(h[0]);
-  const Shape shape(h + 2, h + 2 + h[1]);
+  const Shape shape(h + kSizes, h + kSizes + h[1]);
+  // The pieces go where the source's tensor is: the same CPU device, or a GPU (on
+  // nccl each rank's own, Group::device(); ranks that are threads share the source's).
+  const Device source_device{static_cast<DeviceType>(h[2]), static_cast<int>(h[3])};
+  const Device device = !source_device.is_cuda()    ? source_device
+                        : group.backend() == "nccl" ? group.device()
+                                                    : source_device;
   Placements normalized = validate_placements(placements, mesh.ndim(), h[1], op);
   const Shape& mesh_shape = mesh.shape();
 
@@ -142,7 +152,7 @@ DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Pla
   };
   const auto my_block = local_block(shape, mesh_shape, normalized, mesh.coordinate());
   if (!is_source) {
-    Tensor local = Tensor::zeros(lengths(my_block), dtype);
+    Tensor local = Tensor::zeros(lengths(my_block), dtype, device);
     if (needs_data(mesh.coordinate(), my_block)) recv(group, local, static_cast<int>(source), kDistributeTag);
     return wrap(std::move(local), mesh, std::move(normalized), shape);
   }
