@@ -153,8 +153,9 @@ std::vector<double> time_threads(Coll c, int n, const std::vector<int64_t>& size
 }
 
 // Seconds per call of the nccl backend for every size: n rank threads, each on its
-// own GPU, rank 0's time as nccl-tests reports it (calls queued back to back, the
-// stream synchronised once at the end; the best of the trials).
+// own GPU, timed as nccl-tests times (calls queued back to back, the stream
+// synchronised once at the end), the best of the trials, rank 0's figure (nccl-tests
+// averages its ranks' by default; threads of one process start each trial together).
 std::vector<double> time_nccl(Coll c, int n, const std::vector<int64_t>& sizes) {
   std::vector<double> seconds(sizes.size(), 0.0);
   launch(n, [&](Group host) {

@@ -523,6 +523,16 @@ void check_gpu(const Settings& s) {
         "--device cuda: no GPU is visible to this process, or this build has no CUDA "
         "(the configure summary lists cuda when it has)");
   }
+  if (s.backend == "nccl" && !is_available("nccl")) {
+    throw std::runtime_error(
+        "--backend nccl: this build has no NCCL (the configure summary lists nccl among the backends when it has)");
+  }
+  // mpirun (or a PMI launcher) started this process, but without MPI in the build
+  // each process would start a whole job of its own on the same GPUs.
+  if (s.backend == "nccl" && !is_available("mpi") &&
+      (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK"))) {
+    throw std::runtime_error("--backend nccl under mpirun needs a build with MPI (the configure summary lists mpi)");
+  }
   const int visible = cuda_device_count();
   if (s.cuda_index >= visible) {
     throw std::invalid_argument("--device cuda:" + std::to_string(s.cuda_index) + ": this process sees " +

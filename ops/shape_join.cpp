@@ -138,7 +138,7 @@ std::vector<DistTensor> split_as(const DistTensor& a, const std::vector<int64_t>
       }
       Shape piece = shape;
       piece[dim] = sizes[p];
-      filled.push_back(zeros(piece, present->mesh(), layout, present->dtype()));
+      filled.push_back(zeros(piece, present->mesh(), layout, present->dtype(), present->device()));
     }
     return Grads{cat(filled, dim)};
   });

@@ -9,11 +9,12 @@
 # per rank where there are several) against the same run on the CPU.
 # What the machine lacks (GoogleTest, OpenBLAS, nlohmann-json, CLI11) comes from
 # .gpu-deps/debs, prepared beforehand by scripts/gpu-prepare.sh and carried along
-# (carry .gpu-deps/debs only: 13 MB); the packages are unpacked into the build
+# (carry .gpu-deps/debs only: 13 MB; GoogleTest, Google Benchmark, OpenBLAS,
+# nlohmann-json, CLI11, pkgconf); the packages are unpacked into the build
 # folder, nothing is installed. $OUT gets gpu-check.md (the summary), tests.txt
 # (every test program's output), gpu-check.log (configure and build) and
 # gpu-bench.json (gpu_bench's headline figures) and torch-peer.json (the PyTorch peer's).
-#   bash scripts/gpu-check.sh            # about 2-3 minutes on 16 cores
+#   bash scripts/gpu-check.sh            # a few minutes on 16 cores (each part bounded by a timeout)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -43,7 +44,10 @@ prefix_args=()
 if [ -d .gpu-deps/debs ] && ls .gpu-deps/debs/*.deb >/dev/null 2>&1; then
   # Unpacked beside the build, keyed by its own path: the .pc files get absolute paths.
   p=$build/deps
-  if [ "$(cat "$p/.unpacked" 2>/dev/null)" != "$p" ]; then
+  # Keyed by its path and the package list: a folder unpacked from fewer packages
+  # (an older gpu-prepare.sh) is unpacked again.
+  marker="$p $(ls .gpu-deps/debs | tr '\n' ' ')"
+  if [ "$(cat "$p/.unpacked" 2>/dev/null)" != "$marker" ]; then
     rm -rf "$p" && mkdir -p "$p"
     for deb in .gpu-deps/debs/*.deb; do
       if command -v dpkg-deb >/dev/null; then
@@ -55,7 +59,7 @@ if [ -d .gpu-deps/debs ] && ls .gpu-deps/debs/*.deb >/dev/null 2>&1; then
     # The .pc files name /usr (prefix=/usr, or libdir=/usr/... outright); point them
     # at the unpacked tree.
     find "$p" -name '*.pc' -exec sed -i "s|^\([A-Za-z_]*\)=/usr|\1=$p/usr|" {} +
-    echo "$p" >"$p/.unpacked"
+    echo "$marker" >"$p/.unpacked"
   fi
   multiarch=$p/usr/lib/x86_64-linux-gnu
   export PKG_CONFIG_PATH=$multiarch/openblas-pthread/pkgconfig:$multiarch/pkgconfig:$p/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
@@ -117,14 +121,15 @@ done
 say ""
 say "## train_gpt on CUDA tensors (losses against the CPU run, 8 steps)"
 say ""
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || echo 0)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+gpus=${gpus:-0}
 # train NAME CPU-FLAGS -- GPU-FLAGS: the same model and data, the loss of every step
 # compared (FP32 on both; summation orders differ, so within 1e-3 relative).
 train() {
   local name=$1; shift
   local cpu=() gpu=()
-  while [ "$1" != "--" ]; do cpu+=("$1"); shift; done
-  shift
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do cpu+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
   gpu=("$@")
   local common=(--steps 8 --log plain --warmup 2 --layers 2 --dim 64 --heads 4 --seq-len 32 --batch 16)
   timeout 60 "$build/examples/train_gpt" "${common[@]}" "${cpu[@]}" --out "$build/$name-cpu.csv" >"$build/$name-cpu.txt" 2>&1
@@ -135,13 +140,19 @@ train() {
   { echo "===== train_gpt $name (cpu rc $crc, gpu rc $grc)"; cat "$build/$name-cpu.txt" "$build/$name-gpu.txt"; } >>"$out/tests.txt"
   local verdict
   if [ $crc -ne 0 ] || [ $grc -ne 0 ]; then
-    verdict="FAILED (cpu rc $crc, gpu rc $grc): $(grep -m1 'train_gpt:' "$build/$name-gpu.txt" "$build/$name-cpu.txt" | head -1)"
+    verdict="FAILED (cpu rc $crc, gpu rc $grc): $(grep -h -m1 'train_gpt:' "$build/$name-gpu.txt" "$build/$name-cpu.txt" | head -1)"
     test_rc=1
   else
+    # A NaN or inf loss, a step missing on one side or out of step fails (a NaN
+    # compares false with everything, so it is looked for by name).
     verdict=$(paste -d, "$build/$name-cpu.csv" "$build/$name-gpu.csv" | awk -F, 'NR > 1 {
-      n++; d = $2 - $6; if (d < 0) d = -d; r = d / ($2 > 0 ? $2 : 1); if (r > worst) worst = r }
-      END { if (n == 0) { print "FAILED (no steps logged)"; exit }
-            printf "%s (largest relative loss difference %.1e over %d steps)", worst <= 1e-3 ? "ok" : "FAILED", worst, n }')
+      n++
+      if ($1 != $5 || $2 ~ /[nN][aA][nN]|[iI][nN][fF]/ || $6 ~ /[nN][aA][nN]|[iI][nN][fF]/) { bad = 1; next }
+      d = $2 - $6; if (d < 0) d = -d; r = d / ($2 > 0 ? $2 : 1)
+      if (!(r <= 1e-3)) bad = 1
+      if (r > worst) worst = r }
+      END { if (n != 8) { printf "FAILED (%d steps logged, expected 8)", n; exit }
+            printf "%s (largest relative loss difference %.1e over %d steps)", bad ? "FAILED" : "ok", worst, n }')
     case $verdict in FAILED*) test_rc=1 ;; esac
   fi
   say "- $name: $verdict; $(grep -m1 -o 'done: .*tok/s' "$build/$name-gpu.txt")"
@@ -186,7 +197,9 @@ if [ "$gpus" -ge 2 ]; then
   say ""
   say "## bench_collectives --nccl ($gpus GPUs)"
   say ""
-  timeout 150 "$build/bench/bench_collectives" --nccl --max-mib=256 --worlds=2,$gpus >"$build/nccl-bench.md" 2>>"$log"
+  worlds=2
+  [ "$gpus" -gt 2 ] && worlds=2,$gpus
+  timeout 150 "$build/bench/bench_collectives" --nccl --max-mib=256 --worlds=$worlds >"$build/nccl-bench.md" 2>>"$log"
   say "(exit status $?)"
   tee -a "$summary" <"$build/nccl-bench.md"
   if command -v all_reduce_perf >/dev/null; then

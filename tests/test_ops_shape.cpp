@@ -278,6 +278,22 @@ TEST(ShapeOpsSharding, UnevenShardsKeepShardingOnlyWhenBoundariesMatch) {
   });
 }
 
+// A piece that got no gradient is filled with zeros on the input's device (the
+// gradient stays where the input is whichever piece is used).
+TEST(ShapeOpsConformance, SplitBackwardKeepsTheInputsDevice) {
+  launch(2, [](Group g) {
+    DeviceMesh mesh(g, {2});
+    const Device device = Device::cpu(1);
+    for (size_t used : {0, 1}) {
+      DistTensor x = DistTensor::from_local(Tensor::ones({3, 6}, DType::F32, device), mesh, {Replicate()});
+      x.set_requires_grad(true);
+      const std::vector<DistTensor> parts = split(x, {2, 4}, 1);
+      sum(parts[used]).backward();
+      EXPECT_EQ(x.grad().device(), device) << "piece " << used;
+    }
+  });
+}
+
 TEST(ShapeOpsSharding, SplitDimPassesShardToOutermostPiece) {
   launch(2, [&](Group world) {
     DeviceMesh mesh(world, {2});

@@ -168,13 +168,12 @@ DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Pla
     std::vector<std::pair<int64_t, int64_t>> key;
     for (const Range& range : block) key.emplace_back(range.offset, range.length);
     auto [it, inserted] = copies.try_emplace(key);
-    if (inserted) it->second = slice_block(full, block).contiguous();
+    if (inserted) it->second = slice_block(full, block).contiguous().to(device);
     sends.push_back(P2POp::send(it->second, static_cast<int>(r), kDistributeTag));
   }
   batch_send_recv(group, sends);
-  Tensor local = holds_value(normalized, mesh.coordinate())
-                     ? slice_block(full, my_block).clone()
-                     : Tensor::zeros(lengths(my_block), dtype, full.device());
+  Tensor local = holds_value(normalized, mesh.coordinate()) ? slice_block(full, my_block).clone().to(device)
+                                                            : Tensor::zeros(lengths(my_block), dtype, device);
   return wrap(std::move(local), mesh, std::move(normalized), shape);
 }
 

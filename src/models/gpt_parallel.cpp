@@ -364,7 +364,7 @@ std::unique_ptr<parallel::Pipeline> ParallelGPT::make_pipeline(std::function<Dis
                                                                std::function<DistTensor(int64_t, int64_t)> targets,
                                                                std::vector<double> weights) const {
   DT_CHECK_ARG(pipeline_ != nullptr, kOp, "make_pipeline needs a mesh with a 'pp' dim, got ", mesh_.to_string());
-  return pipeline_->make_pipeline(syncs_, std::move(ids), std::move(targets), std::move(weights));
+  return pipeline_->make_pipeline(syncs_, std::move(ids), std::move(targets), std::move(weights), options_.device);
 }
 
 std::unique_ptr<ParallelGPT> parallelize_gpt(const DeviceMesh& mesh, const GPTConfig& config, uint64_t seed,

@@ -105,7 +105,8 @@ GPTPipeline::GPTPipeline(const parallel::PipelineMesh& mesh, const GPTConfig& co
 std::unique_ptr<parallel::Pipeline> GPTPipeline::make_pipeline(const std::vector<parallel::GradientSync*>& syncs,
                                                                std::function<DistTensor(int64_t, int64_t)> ids,
                                                                std::function<DistTensor(int64_t, int64_t)> targets,
-                                                               std::vector<double> weights) const {
+                                                               std::vector<double> weights,
+                                                               std::optional<Device> device) const {
   parallel::PipelineData data;
   data.inputs = std::move(ids);
   const bool holds_last =
@@ -116,7 +117,7 @@ std::unique_ptr<parallel::Pipeline> GPTPipeline::make_pipeline(const std::vector
     };
   }
   data.weights = std::move(weights);
-  return stages_.make_pipeline(syncs, std::move(data));
+  return stages_.make_pipeline(syncs, std::move(data), device);
 }
 
 }  // namespace dtensor::models

@@ -117,8 +117,7 @@ void Pipeline::Runtime::keep_input_gradient(int stage, Micro& st) {
   DistTensor g = st.input.grad();
   const Placements layout = gradient_layout(st.input);
   if (!g.defined()) {
-    g = zeros(st.input.shape(), st.input.mesh(), layout, st.input.dtype());
-    if (st.input.device() != g.device()) g = g.to(st.input.device());
+    g = zeros(st.input.shape(), st.input.mesh(), layout, st.input.dtype(), st.input.device());
   } else {
     if (g.placements() != layout) g = g.redistribute(layout);
     if (g.dtype() != st.input.dtype()) g = g.to(st.input.dtype());

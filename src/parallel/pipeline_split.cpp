@@ -261,13 +261,13 @@ std::vector<DistTensor> SequentialPipeline::parameters() const {
   return out;
 }
 
-std::unique_ptr<Pipeline> SequentialPipeline::make_pipeline(const std::vector<GradientSync*>& syncs,
-                                                            PipelineData data) const {
+std::unique_ptr<Pipeline> SequentialPipeline::make_pipeline(const std::vector<GradientSync*>& syncs, PipelineData data,
+                                                            std::optional<Device> device) const {
   DT_CHECK_ARG(syncs.empty() || syncs.size() == stages_.size(), kOp, "expected one sync per local stage (",
                stages_.size(), ") or none, got ", syncs.size());
   std::vector<PipelineStage> stages;
   for (size_t k = 0; k < stages_.size(); ++k) {
-    stages.push_back({stages_[k].get(), indices_[k], syncs.empty() ? nullptr : syncs[k], {}, std::nullopt});
+    stages.push_back({stages_[k].get(), indices_[k], syncs.empty() ? nullptr : syncs[k], {}, device});
   }
   return std::make_unique<Pipeline>(mesh_, std::move(stages), schedule_, std::move(data), tied_);
 }

@@ -28,6 +28,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,11 +88,14 @@ class GPTPipeline {
 
   // The runtime for these stages: syncs[k] is stages()[k]'s DDP or FSDP (empty: none);
   // ids(step, micro) and targets(step, micro) give the micro-batch's tokens on the
-  // first and last stage's mesh (called there only); weights as PipelineData's.
+  // first and last stage's mesh (called there only); weights as PipelineData's;
+  // `device` where the stages compute (unset: their parameters', which FSDP's offload
+  // keeps on the host).
   std::unique_ptr<parallel::Pipeline> make_pipeline(const std::vector<parallel::GradientSync*>& syncs,
                                                     std::function<DistTensor(int64_t step, int64_t micro)> ids,
                                                     std::function<DistTensor(int64_t step, int64_t micro)> targets,
-                                                    std::vector<double> weights = {}) const;
+                                                    std::vector<double> weights = {},
+                                                    std::optional<Device> device = std::nullopt) const;
 
  private:
   GPTConfig config_;

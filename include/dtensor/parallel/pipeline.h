@@ -100,7 +100,8 @@ struct PipelineStage {
   std::vector<int64_t> input_shape;
   // Where the activations and gradients the stage receives are placed (a stage on a
   // GPU sends and receives CUDA tensors). Unset: the device of the module's
-  // parameters, the CPU for a module without any.
+  // parameters, the CPU for a module without any; set it where they live elsewhere
+  // (FSDP with offload keeps them on the host).
   std::optional<Device> device;
 
   // `device`, or the default above.

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,8 +91,10 @@ class SequentialPipeline {
   std::map<std::string, Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, Tensor>& state);
 
-  // The runtime for these stages: syncs[k] is stages()[k]'s DDP or FSDP (empty: none).
-  std::unique_ptr<Pipeline> make_pipeline(const std::vector<GradientSync*>& syncs, PipelineData data) const;
+  // The runtime for these stages: syncs[k] is stages()[k]'s DDP or FSDP (empty: none);
+  // `device`: where the stages compute (PipelineStage::device; unset: their parameters').
+  std::unique_ptr<Pipeline> make_pipeline(const std::vector<GradientSync*>& syncs, PipelineData data,
+                                          std::optional<Device> device = std::nullopt) const;
 
  private:
   PipelineMesh mesh_;
