@@ -82,6 +82,12 @@ inline bool make_attention_shape(const Tensor& q, const Tensor& k, const Tensor&
   return true;
 }
 
+// t itself where its rows have unit stride (as the kernels read them), else a
+// contiguous copy.
+inline Tensor with_unit_stride_rows(const Tensor& t) {
+  return t.stride(-1) == 1 || t.size(-1) == 1 ? t : t.contiguous();
+}
+
 inline AttentionRows attention_rows(const Tensor& t) {
   AttentionRows rows;
   for (int64_t d = 0; d + 2 < t.dim() && d < kMaxAttentionBatchDims; ++d) rows.batch_strides[d] = t.stride(d);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <numeric>
 
+#include "backend/attention_plan.h"
 #include "backend/kernels.h"
 #include "dtensor/tensor_ops.h"
 #include "util/check.h"
@@ -78,10 +79,7 @@ bool composite_only(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 // Rows the kernel can read: unit stride along the last dim, in the kernel's dtype.
-Tensor kernel_operand(const Tensor& t) {
-  const Tensor c = t.to(kernel_dtype(t));
-  return c.stride(-1) == 1 || c.size(-1) == 1 ? c : c.contiguous();
-}
+Tensor kernel_operand(const Tensor& t) { return backend::with_unit_stride_rows(t.to(kernel_dtype(t))); }
 
 // An empty tensor of `shape` whose memory order of dims follows `like`'s strides
 // (PyTorch's preserve_format): attention on a transposed [B, S, H, D] view writes

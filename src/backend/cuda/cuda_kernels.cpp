@@ -306,10 +306,7 @@ class CudaKernels final : public Kernels {
     own_attention_backward(g, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
   }
   // An operand in F32 with rows of unit stride, as the own kernels read it.
-  static Tensor as_f32(const Tensor& t) {
-    const Tensor c = t.to(DType::F32);
-    return c.stride(-1) == 1 || c.size(-1) == 1 ? c : c.contiguous();
-  }
+  static Tensor as_f32(const Tensor& t) { return with_unit_stride_rows(t.to(DType::F32)); }
   static void own_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, Tensor& out,
                             Tensor& lse) {
     const AttentionShape s = attention_shape(q, k, v, causal, scale);

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/cuda/cuda_runtime.h"
 #include "backend/cudnn_attention.h"
 #include "util/check.h"
 
@@ -327,13 +328,9 @@ cudnnHandle_t handle_for(int device) {
   thread_local std::unordered_map<int, cudnnHandle_t> handles;
   auto it = handles.find(device);
   if (it != handles.end()) return it->second;
-  int previous = 0;
-  cudaGetDevice(&previous);
-  if (previous != device) cudaSetDevice(device);
+  backend::cuda::current_stream(device);  // makes `device` current, as the run on it will
   cudnnHandle_t h = nullptr;
-  const cudnnStatus_t status = cudnnCreate(&h);
-  if (previous != device) cudaSetDevice(previous);
-  check_run(status, "cudnnCreate");  // an error (out of memory), not a refusal to cache
+  check_run(cudnnCreate(&h), "cudnnCreate");  // an error (out of memory), not a refusal to cache
   return handles.emplace(device, h).first->second;
 }
 
