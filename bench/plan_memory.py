@@ -54,6 +54,18 @@ LAYOUTS = [
     ("MoE, EP", "--mesh ep=2 --moe-experts 4 --moe-top-k 2"),
     ("MoE, DDP x EP", "--mesh dp=2,ep=2 --moe-experts 4 --moe-top-k 2"),
     ("MoE, DDP x EP, capacity 1.25", "--mesh dp=2,ep=2 --moe-experts 4 --moe-top-k 2 --moe-capacity 1.25"),
+    ("MoE + shared expert, DDP x EP", "--mesh dp=2,ep=2 --moe-experts 4 --moe-top-k 2 --moe-shared-expert"),
+    ("MoE + shared expert, TP", "--mesh tp=2 --moe-experts 4 --moe-top-k 2 --moe-shared-expert"),
+    ("BF16, DDP", "--mesh dp=2 --precision bf16"),
+    ("BF16, ZeRO-1", "--mesh dp=2 --fsdp 1 --precision bf16"),
+    ("BF16, ZeRO-3", "--mesh dp=2 --fsdp 3 --precision bf16"),
+    ("BF16, TP + SP", "--mesh tp=2 --sequence-parallel --precision bf16"),
+    ("BF16, PP 1F1B", "--mesh pp=2 --precision bf16"),
+    ("BF16, 3-D", "--mesh pp=2,dp=2,tp=2 --precision bf16"),
+    ("TP, logits gathered", "--mesh tp=2 --gather-logits"),
+    ("ZeRO-3, half offloaded", "--mesh dp=2 --fsdp 3 --offload --offload-fraction 0.5"),
+    ("ZeRO-3 offload, delayed update", "--mesh dp=2 --fsdp 3 --offload --delayed-update 2"),
+    ("DDP, dropout", "--mesh dp=2 --dropout 0.1"),
 ]
 MPI = ["DDP", "ZeRO-3", "TP", "PP 1F1B", "DDP x TP"]
 

@@ -278,6 +278,10 @@ Settings read_settings(const TrainConfig& o) {
   s.model.moe_experts = o.moe_experts;
   s.model.moe_top_k = o.moe_top_k;
   s.model.moe_capacity_factor = o.moe_capacity;
+  s.model.moe_shared_expert = o.moe_shared_expert;
+  if (o.moe_shared_expert && o.moe_experts == 0) {
+    throw std::invalid_argument("--moe-shared-expert needs --moe-experts (a shared expert sits beside routed ones)");
+  }
   if (o.moe_experts < 0 || (o.moe_experts > 0 && (o.moe_top_k < 1 || o.moe_top_k > o.moe_experts))) {
     throw std::invalid_argument("--moe-experts " + std::to_string(o.moe_experts) + " --moe-top-k " +
                                 std::to_string(o.moe_top_k) + ": expected 1 <= top-k <= experts");
@@ -460,12 +464,9 @@ struct RunEstimate {
 RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   RunEstimate out;
   const std::pair<bool, const char*> unmodelled[] = {
-      {s.offload && s.offload_fraction < 1, "--offload-fraction below 1"},
-      {s.delayed_update >= 0, "--delayed-update"},
-      {config.moe_experts > 0 && config.moe_shared_expert, "a shared expert"},
-      {s.precision != "fp32", "16-bit precision"},
-      {config.dropout > 0, "dropout"},
-      {!s.loss_parallel, "--gather-logits"},
+      // The CPU's GEMMs run FP16 by converting their operands to FP32 (BF16 natively
+      // where the CPU has AVX512-BF16 or AMX), a transient the estimate does not hold.
+      {s.precision == "fp16" && !s.cuda, "FP16 on the CPU"},
       {s.schedule && s.schedule->kind == parallel::ScheduleKind::ZeroBubble, "the zero-bubble schedule"},
       {s.fsdp > 0 && (s.fsdp_unit != models::GPTParallelOptions::FSDPUnit::Block || s.fsdp_prefetch != 1 ||
                       s.fsdp_reshard_after_forward.has_value()),
@@ -485,6 +486,8 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   plan.zero = static_cast<int>(s.fsdp);
   plan.zero_shard = s.hsdp ? s.mesh.size("dp") : 0;  // the replicas all-reduce their shards
   plan.offload = s.offload;
+  plan.offload_fraction = s.offload_fraction;
+  plan.delayed_update = s.delayed_update >= 0;
   plan.micro_batches = s.schedule ? s.schedule->micro_batches : s.grad_accum;
   plan.micro_batch = s.batch / (s.dp * plan.micro_batches);
   if (s.schedule) {
@@ -495,10 +498,12 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   }
   plan.recompute = config.checkpoint_activations ? parallel::Recompute::Full : parallel::Recompute::None;
   plan.sequence_parallel = s.sequence_parallel;
+  plan.loss_parallel = s.loss_parallel;
   const int64_t ranks = shape_numel(s.mesh.shape);
   // Memory does not depend on the machine's rates; the step time does (--profile).
-  const parallel::ClusterSpec cluster = s.profile.empty() ? parallel::ClusterSpec::preset("cpu", ranks)
-                                                          : parallel::MachineProfile::load(s.profile).cluster(ranks);
+  parallel::ClusterSpec cluster = s.profile.empty() ? parallel::ClusterSpec::preset("cpu", ranks)
+                                                    : parallel::MachineProfile::load(s.profile).cluster(ranks);
+  if (s.precision != "fp32") cluster.bytes_per_value = 2;  // activations in 16 bits over FP32 parameters
   out.estimate = parallel::estimate_plan(model, cluster, s.batch, plan);
   if (!out.estimate->rejected.empty() && out.estimate->fits) {
     out.not_modelled = out.estimate->rejected;
@@ -731,7 +736,9 @@ void train(Group world, const Settings& s, const TokenDataset& data) {
       // The median step after the first (which records plans and warms caches).
       std::vector<double> seconds;
       for (size_t i = 1; i < log->history().size(); ++i) seconds.push_back(log->history()[i].seconds);
-      if (!s.profile.empty() && !seconds.empty()) {
+      if (!s.profile.empty() && !seconds.empty() && s.precision != "fp32") {
+        std::printf("step: not estimated in 16 bits (the profile measures this machine's FP32 rates)\n");
+      } else if (!s.profile.empty() && !seconds.empty()) {
         std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(seconds.size() / 2),
                          seconds.end());
         const double median = seconds[seconds.size() / 2], predicted_step = predicted.estimate->step_seconds;
@@ -776,8 +783,12 @@ TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
     if (leader) std::printf("--plan auto: measuring this machine (dtensor-plan --calibrate saves it)\n");
     profile = parallel::calibrate(calibration);  // the same samples, and so the same choice, on every rank
   }
-  const parallel::ClusterSpec cluster = profile.cluster(ranks);
+  parallel::ClusterSpec cluster = profile.cluster(ranks);
+  // 16-bit compute: memory in 16-bit activations over FP32 parameters; the rates stay
+  // the profile's FP32 ones.
+  if (base.precision != "fp32") cluster.bytes_per_value = 2;
   parallel::PlanSearchOptions options;
+  options.loss_parallel = base.loss_parallel;
   options.recompute = {parallel::Recompute::None, parallel::Recompute::Full};  // --checkpoint-activations
   options.max_micro_batch = given.batch;                                       // any micro-batch size runs here
   const parallel::PlanSearch found = parallel::search_plans(model, cluster, given.batch, options);

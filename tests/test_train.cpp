@@ -180,6 +180,27 @@ TEST(Train, LossScalingSkipsTheStepOnEveryRankWhenOneOverflows) {
   });
 }
 
+// What counts as an overflow: any NaN, any infinity (also +inf beside -inf, whose sum
+// is NaN), on any rank; large finite FP16 gradients (whose FP16 sum would overflow) do
+// not.
+TEST(Train, LossScalingFindsEveryNonFiniteGradientAndOnlyThose) {
+  launch(1, [](Group g) {
+    DeviceMesh mesh(g, {1});
+    auto check = [&](Tensor grad) {
+      DistTensor w = distribute(Tensor::zeros(grad.shape(), grad.dtype()), mesh, {Replicate()}).set_requires_grad();
+      w.set_grad(distribute(grad, mesh, {Replicate()}));
+      LossScaler scaler({.initial_scale = 1});
+      return scaler.unscale_and_check({w});
+    };
+    EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{1, NAN, 2})));
+    EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{INFINITY, 1, -INFINITY})));
+    EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{-INFINITY})));
+    EXPECT_TRUE(check(Tensor::from_vector(std::vector<float>{1e30F, -1e30F, 3})));
+    EXPECT_TRUE(check(Tensor::full({4096}, 60000.0, DType::F16)));  // sums to 2.5e8, beyond FP16's 65504
+    EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{1, NAN}).to(DType::BF16)));
+  });
+}
+
 namespace {
 
 // A linear layer scaled by a learned scalar: DDP's bucket holds a 0-d gradient too.

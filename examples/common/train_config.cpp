@@ -75,6 +75,8 @@ const std::vector<TrainKey>& train_keys() {
       {"moe-top-k", &C::moe_top_k, "with --moe-experts: experts per token"},
       {"moe-capacity", &C::moe_capacity,
        "with --moe-experts: capacity factor (assignments an expert takes: this x tokens x k / experts; 0: dropless)"},
+      {"moe-shared-expert", &C::moe_shared_expert,
+       "with --moe-experts: a shared expert besides, an MLP every token goes through (DeepSeek-MoE)"},
       {"bucket-mb", &C::bucket_mb, "DDP gradient bucket size in MiB"},
       {"fsdp", &C::fsdp, "0: DDP on dp; 1, 2, 3: FSDP with that ZeRO stage, sharded over the mesh dim dp"},
       {"hsdp", &C::hsdp, "hybrid sharding: FSDP within dp, replicas across the mesh dim 'replicate'"},

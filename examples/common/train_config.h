@@ -56,6 +56,7 @@ struct TrainConfig {
   int64_t moe_experts = 0;
   int64_t moe_top_k = 2;
   double moe_capacity = 0;
+  bool moe_shared_expert = false;
   double bucket_mb = 25;
   int64_t fsdp = 0;
   bool hsdp = false;

@@ -27,12 +27,17 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   m.experts = config.moe_experts;
   m.top_k = config.moe_experts > 0 ? config.moe_top_k : 0;
   m.capacity_factor = config.moe_experts > 0 ? config.moe_capacity_factor : 0;
+  m.shared_expert_ffn = config.moe_experts > 0 && config.moe_shared_expert ? m.ffn_hidden : 0;
   m.flash_attention = true;
   m.fused_qkv = false;  // SelfAttention's q, k and v are three Linears
   // Counted by recording steps (DTENSOR_PLAN=step) of 2 and 4 blocks with 1 and 2
   // micro-batches (GELU; the mixture of experts top-2 of 4; context parallelism's ring
   // attention is one op as the fused attention is).
-  m.ops_per_layer = config.moe_experts > 0 ? 115 : 70;
+  // A shared expert adds 17 (its MLP forward and backward and the sum with the
+  // experts' output, counted with a DispatchTrace over forward and backward). Dropout
+  // adds none there (its masks are drawn again from the seed in backward: it keeps
+  // nothing either).
+  m.ops_per_layer = (config.moe_experts > 0 ? 115 : 70) + (config.moe_experts > 0 && config.moe_shared_expert ? 17 : 0);
   m.ops_outside_layers = 32;
   // Each block's norms (scale, and shift for LayerNorm with biases), q, k, v, the output
   // projection and the MLP's matrices (three with SwiGLU), with biases; outside, the
@@ -42,7 +47,8 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   const int64_t norm_tensors = config.rms_norm || !config.bias ? 1 : 2;
   const int64_t mlp_matrices = swiglu ? 3 : 2;
   m.tensors_per_layer = 2 * norm_tensors + 4 * (config.bias ? 2 : 1) +
-                        (config.moe_experts > 0 ? 1 + mlp_matrices : mlp_matrices * (config.bias ? 2 : 1));
+                        (config.moe_experts > 0 ? 1 + mlp_matrices : mlp_matrices * (config.bias ? 2 : 1)) +
+                        (m.shared_expert_ffn > 0 ? mlp_matrices : 0);  // the shared expert has no biases
   m.tensors_outside_layers = 2 + norm_tensors + (config.tie_weights ? 0 : 1);
   parallel::MemorySpec& mem = m.memory;
   mem.hidden = 4;        // the block's input, norm1's output, the residual sum, norm2's output
@@ -60,7 +66,14 @@ parallel::ModelSpec gpt_model_spec(const GPTConfig& config, int64_t seq) {
   mem.backward_ffn = 1;
   mem.backward_hidden = swiglu ? 1 : 0;
   mem.backward_frees_logits = true;
+  // The loss's backward: the fused loss makes the logits' gradient; the vocab-parallel
+  // composite (cross_entropy.cpp) holds the gradients of exp's input, of the expanded
+  // sum and of the target pick's scatter, and their sum.
+  mem.loss_backward = 1;
+  mem.loss_backward_split = 4;
   mem.gradients_persist = false;
+  // 16-bit training (train_gpt --precision bf16/fp16) computes over FP32 parameters.
+  mem.fp32_parameters = true;
   // FSDP shards over the 'dp' mesh dim only; cp and ep hold replicas (HSDP's way).
   mem.zero_over_cp_and_ep = false;
   // Under context parallelism the ring attention's output (an FP32 accumulator, heads
@@ -113,6 +126,14 @@ parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions op
     // summed over tp inside the layer; under sequence parallelism, scattered again.
     plan.emplace_back("blocks.*.moe", ExpertParallel{.hidden = true});
     if (sp) plan.emplace_back("blocks.*.moe", PrepareModuleOutput{.desired_output_layouts = out});
+    if (config.moe_shared_expert) {
+      // The shared expert as a dense MLP (Megatron-Core shards it so): its output
+      // reduced to the layout the routed experts' output takes, which it is added to.
+      plan.emplace_back("blocks.*.moe.shared", PrepareModuleInput{.desired_input_layouts = Replicate()});
+      plan.emplace_back("blocks.*.moe.shared.up", ColwiseParallel{});
+      if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.moe.shared.gate", ColwiseParallel{});
+      plan.emplace_back("blocks.*.moe.shared.down", RowwiseParallel{.output_layouts = out});
+    }
   } else {
     plan.emplace_back("blocks.*.mlp", PrepareModuleInput{.desired_input_layouts = Replicate()});
     plan.emplace_back("blocks.*.mlp.up", ColwiseParallel{});

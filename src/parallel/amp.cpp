@@ -19,8 +19,11 @@ bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params, const 
     mesh = &p.mesh();
     Tensor local = g.to_local();
     local.copy_(mul(local, 1.0 / scale_));
-    // A NaN or an infinity anywhere makes the sum non-finite.
-    const double total = sum(abs(local.to(DType::F64))).item<double>();
+    // A NaN or an infinity anywhere makes the sum non-finite (+inf and -inf give NaN).
+    // Summed in place in FP32 or wider: FP16's range would overflow on finite values,
+    // and an FP64 copy of every gradient doubled its memory for the check.
+    const bool narrow = local.dtype() == DType::F16 || local.dtype() == DType::BF16;
+    const double total = sum(narrow ? local.to(DType::F32) : local).item<double>();
     local_inf |= !std::isfinite(total);
   }
   found_inf_ = local_inf;

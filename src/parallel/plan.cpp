@@ -76,6 +76,9 @@ void ModelSpec::validate() const {
   DT_CHECK_ARG(experts >= 0 && (experts == 0 || (top_k > 0 && top_k <= experts)), kOp,
                "expected 0 experts (dense) or top_k in [1, experts], got ", experts, " experts and top_k ", top_k);
   DT_CHECK_ARG(capacity_factor >= 0, kOp, "expected a capacity factor >= 0 (0: dropless), got ", capacity_factor);
+  DT_CHECK_ARG(shared_expert_ffn >= 0 && (shared_expert_ffn == 0 || experts > 0), kOp,
+               "expected a shared expert (shared_expert_ffn ", shared_expert_ffn,
+               ") only in a mixture of experts, and a width >= 0; experts ", experts);
   DT_CHECK_ARG(ops_per_layer >= 0 && ops_outside_layers >= 0 && tensors_per_layer >= 0 && tensors_outside_layers >= 0,
                kOp, "expected non-negative op and parameter tensor counts, got ", ops_per_layer, ", ",
                ops_outside_layers, ", ", tensors_per_layer, " and ", tensors_outside_layers);
@@ -88,6 +91,9 @@ int64_t attention_matrices(const ModelSpec& m) {
   return 2 * m.hidden * m.hidden + 2 * m.hidden * (m.hidden / m.heads) * kv;
 }
 int64_t mlp_matrices(const ModelSpec& m) { return (m.gated_mlp ? 3 : 2) * m.hidden * m.ffn(); }
+int64_t shared_expert_matrices(const ModelSpec& m) {
+  return m.experts > 0 ? (m.gated_mlp ? 3 : 2) * m.hidden * m.shared_expert_ffn : 0;
+}
 }  // namespace
 
 int64_t ModelSpec::layer_parameters() const {
@@ -98,8 +104,8 @@ int64_t ModelSpec::layer_parameters() const {
   const int64_t biases =
       linear_biases ? 2 * hidden + 2 * (hidden / heads) * kv + (experts > 0 ? 0 : (gated_mlp ? 2 : 1) * ffn() + hidden)
                     : 0;
-  return attention_matrices(*this) + mlps * mlp_matrices(*this) + (experts > 0 ? hidden * experts : 0) + biases +
-         4 * hidden;  // two norms with biases
+  return attention_matrices(*this) + mlps * mlp_matrices(*this) + shared_expert_matrices(*this) +
+         (experts > 0 ? hidden * experts : 0) + biases + 4 * hidden;  // two norms with biases
 }
 
 int64_t ModelSpec::layer_expert_parameters() const { return experts * mlp_matrices(*this); }
@@ -112,6 +118,7 @@ int64_t ModelSpec::parameters() const {
 double ModelSpec::flops_per_sequence(bool full_recompute) const {
   const double active = static_cast<double>(attention_matrices(*this)) +
                         static_cast<double>(experts > 0 ? top_k : 1) * static_cast<double>(mlp_matrices(*this)) +
+                        static_cast<double>(shared_expert_matrices(*this)) +
                         static_cast<double>(experts > 0 ? hidden * experts : 0);
   // Forward, per token: 2 FLOPs per matrix parameter and attention's scores and
   // weighted sum over the whole sequence (4 s h, as Megatron counts it).
@@ -211,11 +218,14 @@ std::string ParallelPlan::to_string() const {
   os << " zero=" << zero;
   if (zero_shard > 0) os << " hsdp=" << zero_shard;
   if (offload) os << " offload";
+  if (offload && offload_fraction < 1) os << "=" << offload_fraction;
+  if (delayed_update) os << " delayed-update";
   os << " micro-batch=" << micro_batch << " micro-batches=" << micro_batches;
   if (pp > 1) os << " schedule=" << schedules[static_cast<int>(schedule)];
   if (schedule == PlanSchedule::Interleaved) os << " v=" << virtual_stages;
   os << " recompute=" << recomputes[static_cast<int>(recompute)];
   if (sequence_parallel) os << " sp";
+  if (tp > 1 && !loss_parallel) os << " gathered-logits";
   return os.str();
 }
 
@@ -282,6 +292,13 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   }
   if (p.sequence_parallel && p.tp == 1) return reject("sequence parallelism needs tp > 1");
   if (p.offload && p.zero < 2) return reject("offload needs ZeRO-2 or 3 (the optimizer steps on the host's shards)");
+  if (p.offload && !(p.offload_fraction > 0 && p.offload_fraction <= 1)) {
+    why << "the offload fraction must be in (0, 1], got " << p.offload_fraction;
+    return reject(why.str());
+  }
+  if (p.delayed_update && (!p.offload || p.offload_fraction != 1)) {
+    return reject("the delayed update needs every parameter offloaded (the device would read parameters that change)");
+  }
   if (p.zero_shard != 0) {
     const int64_t group = model.memory.zero_over_cp_and_ep ? p.dp * p.cp : p.dp / p.ep;
     if (p.zero == 0 || p.ep > 1 || p.zero_shard < 1 || group % p.zero_shard != 0) {
@@ -323,9 +340,14 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double last_params = layer_params + vh;
   // FP32 Adam state: exp_avg and exp_avg_sq; mixed precision adds the FP32 master. A
   // sharded optimizer with gathered FP32 parameters (ZeRO-1/2) updates a shard of its
-  // own: a master copy again.
-  const double param_b = bpv, grad_b = p.fp32_gradients ? 4 : bpv, optim_b = bpv == 2 ? 12 : 8;
-  const double master_b = bpv == 4 && (p.zero == 1 || p.zero == 2) ? 4 : 0;
+  // own: a master copy again. 16-bit compute over FP32 parameters (`cast`,
+  // MemorySpec::fp32_parameters) stores parameters and gradients in FP32 and has no
+  // master beyond them; the copy it computes with (param_b: gathered, sent, kept) is
+  // 16-bit, whole under ZeRO-1/2 beside the FP32 shard the optimizer updates.
+  const bool cast = ms.fp32_parameters && bpv < 4;
+  const double param_b = bpv, stored_b = cast ? 4 : bpv, grad_b = cast || p.fp32_gradients ? 4 : bpv,
+               optim_b = bpv == 2 && !cast ? 12 : 8;
+  const double master_b = (bpv == 4 || cast) && (p.zero == 1 || p.zero == 2) ? 4 : 0;
   // The ZeRO groups the dense parameters and the experts are sharded over, and the
   // data-parallel groups their gradients are reduced over.
   const double dense_reduce = dp * cp, expert_reduce = dp * cp / ep;
@@ -342,16 +364,19 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   struct PerParameter {
     double params = 0, grads = 0, optimizer = 0, host = 0;
   };
+  // Under a partial offload the shares mix (offload_fraction of them on the host).
+  const double offloaded = p.offload ? p.offload_fraction : 0;
   auto per_parameter = [&](double z) {
     PerParameter x;
-    if (p.offload) {
-      x.params = param_b / (p.zero == 3 ? z : 1);
-      x.host = (optim_b + (bpv == 4 ? 4 : 0) + grad_b) / z;
-      return x;
-    }
-    x.params = param_b / (p.zero == 3 ? z : 1) + master_b / z;
-    x.grads = grad_b / (p.zero >= 2 ? z : 1);
-    x.optimizer = optim_b / (p.zero >= 1 ? z : 1);
+    // Offloaded, the device keeps the parameters it computes with (stage 3 its shard of
+    // them), the host their master.
+    x.params = offloaded * param_b / (p.zero == 3 ? z : 1) + (1 - offloaded) * ((p.zero == 0   ? stored_b
+                                                                                 : p.zero == 3 ? stored_b / z
+                                                                                               : param_b) +
+                                                                                master_b / z);
+    x.grads = (1 - offloaded) * grad_b / (p.zero >= 2 ? z : 1);
+    x.optimizer = (1 - offloaded) * optim_b / (p.zero >= 1 ? z : 1);
+    x.host = offloaded * (optim_b + (bpv == 4 || cast ? 4 : 0) + grad_b * (p.delayed_update ? 2 : 1)) / z;
     return x;
   };
   const PerParameter dense_b = per_parameter(dense_shard), expert_b = per_parameter(expert_shard);
@@ -368,14 +393,19 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double copies = moe ? static_cast<double>(model.top_k) : 1;
   const double rows = copies * (moe && p.ep > 1 && model.capacity_factor > 0 ? std::min(model.capacity_factor, ep) : 1);
   const double experts = static_cast<double>(std::max<int64_t>(model.experts, 1));
+  const double shared_f = moe ? static_cast<double>(model.shared_expert_ffn) : 0;
+  // Cast at each use without ZeRO, each weight's 16-bit copy is kept for backward (per
+  // micro-batch in flight); under ZeRO the gathered copy is the one kept.
+  const double cast_weights = cast && p.zero == 0 ? bpv : 0;
   auto layer_activations = [&](bool scores) {
     const double kept_whole = p.sequence_parallel ? std::min(ms.sp_gathered, ms.hidden) : 0;
     const double moe_values = moe ? rows * ms.moe_hidden * h : 0;
     return tokens * (bpv * ((ms.hidden - kept_whole) * h / whole + kept_whole * h +
-                            (ms.hidden_split * h + rows * ms.ffn_split * f) / t + moe_values +
+                            (ms.hidden_split * h + ms.ffn_split * (rows * f + shared_f)) / t + moe_values +
                             (p.cp > 1 ? ms.cp_split * h / t : 0) + (scores && !flash ? ms.scores * a * s / t : 0)) +
                      4 * ((flash ? ms.per_head * a / t : 0) + ms.scalars / whole +
-                          (moe ? ms.moe_router * experts + ms.moe_scalars + (p.ep > 1 ? ms.moe_ep_scalars : 0) : 0)));
+                          (moe ? ms.moe_router * experts + ms.moe_scalars + (p.ep > 1 ? ms.moe_ep_scalars : 0) : 0))) +
+           cast_weights * device_layer;
   };
   double per_layer = 0;
   switch (p.recompute) {
@@ -392,7 +422,8 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // Full recomputation rebuilds one layer at a time in backward.
   const double rebuilt = p.recompute == Recompute::Full ? layer_activations(true) : 0;
   const double embedded = tokens * bpv * ms.outside_hidden * h / whole;
-  const double logits_bytes = tokens * (4 * ms.logits * vocab / t + 4 * ms.outside_scalars / whole);
+  const bool vocab_split = p.tp > 1 && p.loss_parallel;
+  const double logits_bytes = tokens * (4 * ms.logits * vocab / (vocab_split ? t : 1) + 4 * ms.outside_scalars / whole);
   const double transient = tokens * bpv * (rows * ms.backward_ffn * f + ms.backward_hidden * h) / t;
   // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
   const double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
@@ -423,7 +454,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     if (p.zero == 3) mem.working_set = (2 * device_layer + parameters - layer_params) * param_b;
     const double boundary = p.pp > 1 && !head ? tokens * bpv * ms.pipeline_hidden * h / t * flight : 0;
     mem.activations = per_layer * layers_per_stage * flight + rebuilt + embedded * flight + boundary +
-                      (head ? logits_bytes * (p.pp == 1 ? flight : last_in_flight) : 0);
+                      (head ? (logits_bytes + cast_weights * vh) * (p.pp == 1 ? flight : last_in_flight) : 0);
     mem.transient = transient - (head && ms.backward_frees_logits ? logits_bytes : 0);
     // Gradients made by backward and not yet packed or reduced: the output layer's and
     // the last block's MLP's (ZeRO-2/3: the whole block's, packed for its
@@ -442,8 +473,17 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                                           : std::max(0.0, mem.grads - layer_grads) + last_mlp * grad_b;
     const double last_block = grads_last + mem.activations - per_layer * std::max(0.0, layers_per_stage - 1) * flight;
     const double grads_end = mem.grads + (p.zero >= 2 && head ? vh * grad_b : 0);
-    mem.peak = mem.params + mem.optimizer + mem.working_set +
-               std::max({grads_start + mem.activations + mem.transient, last_block + mem.transient, grads_end});
+    // The loss's backward, before any gradient of this step is made.
+    const double grads_before = p.zero == 1 || (p.zero == 0 && persist) ? mem.grads : 0;
+    const double loss_backward =
+        head ? tokens * 4 * vocab * (vocab_split ? ms.loss_backward_split / t : ms.loss_backward) : 0;
+    // There ZeRO-3 holds the layers outside the blocks and the last block, prefetched for
+    // backward, gathered: one block fewer than the working set's two.
+    const double loss_working_set = p.zero == 3 ? mem.working_set - device_layer * param_b : 0;
+    mem.peak = mem.params + mem.optimizer +
+               std::max({mem.working_set + grads_start + mem.activations + mem.transient,
+                         loss_working_set + grads_before + mem.activations + loss_backward,
+                         mem.working_set + last_block + mem.transient, mem.working_set + grads_end});
     return mem;
   };
   const StageMemory first = stage(first_params, in_flight, p.pp == 1);
@@ -500,7 +540,10 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double layer_dense = qkv + gemm_seconds_of(tokens, h, h / t) +
                              local_experts * ((model.gated_mlp ? 2 : 1) * gemm_seconds_of(routed, f / t, h) +
                                               gemm_seconds_of(routed, h, f / t)) +
-                             (moe ? gemm_seconds_of(tokens, experts, h) : 0);
+                             (moe ? gemm_seconds_of(tokens, experts, h) : 0) +
+                             (shared_f > 0 ? (model.gated_mlp ? 2 : 1) * gemm_seconds_of(tokens, shared_f / t, h) +
+                                                 gemm_seconds_of(tokens, h, shared_f / t)
+                                           : 0);
   const double layer_attention = b * a / t * cp * 2 * gemm_seconds_of(s / cp, s / cp, hd);
   const double dense_passes = full ? 4 : 3;
   const double attention_passes = full || p.recompute == Recompute::Selective ? 4 : 3;
@@ -537,6 +580,11 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const double activation_bytes = tokens * h * bpv;
   e.tp_seconds =
       p.tp > 1 ? m * layers_per_stage * tp_calls * tp_link.all_reduce(static_cast<int64_t>(activation_bytes), p.tp) : 0;
+  // Without the vocab-parallel loss, each micro-batch's logits are all-gathered on the
+  // last stage (backward slices their gradient: no collective).
+  if (p.tp > 1 && !p.loss_parallel) {
+    e.tp_seconds += m * tp_link.all_gather(static_cast<int64_t>(tokens * vocab * bpv), p.tp);
+  }
   const double forward_passes = full ? 2 : 1;  // of a layer per micro-batch
   if (p.cp > 1) {
     // The ring: each attention's forward passes the keys and values on cp - 1 times,
@@ -654,19 +702,22 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     const double dense_params = stage_params - expert_params;
     const double grad_shard = (dense_params / dense_shard + expert_params / expert_shard) * grad_b;
     const double param_shard = (dense_params / dense_shard + expert_params / expert_shard) * param_b;
-    e.offload_seconds = m * exposed(grad_shard / cluster.host_bandwidth, backward) +
-                        exposed(param_shard / cluster.host_bandwidth, forward);
+    e.offload_seconds = m * exposed(offloaded * grad_shard / cluster.host_bandwidth, backward) +
+                        exposed(offloaded * param_shard / cluster.host_bandwidth, forward);
   }
   // The optimizer reads and writes its state, the gradients and the parameters once
-  // (with offload, the host's at its bandwidth); on the host, each of the stage's
-  // parameter tensors costs its own ops besides.
+  // (with offload, the host's at its bandwidth, the device's share on the device); on
+  // the host, each of the stage's parameter tensors costs its own ops besides.
   e.optimizer_seconds =
-      (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * (p.offload ? 0 : 2) / cluster.memory_bandwidth +
+      (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 * (1 - offloaded) / cluster.memory_bandwidth +
       (p.offload ? e.host_bytes * 2 / cluster.host_memory_bandwidth : 0) +
       cluster.optimizer_tensor_seconds * (static_cast<double>(model.tensors_per_layer) * layers_per_stage +
                                           static_cast<double>(model.tensors_outside_layers));
-  e.step_seconds = e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds + e.pp_seconds + e.bubble_seconds +
-                   e.dp_seconds + e.offload_seconds + e.optimizer_seconds;
+  const double rest = e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds + e.pp_seconds + e.bubble_seconds +
+                      e.dp_seconds + e.offload_seconds;
+  // The delayed update's host step runs beside the next step's work.
+  if (p.delayed_update) e.optimizer_seconds = exposed(e.optimizer_seconds, rest);
+  e.step_seconds = rest + e.optimizer_seconds;
   const double devices = static_cast<double>(cluster.devices);
   e.hardware_flops_per_device = hardware_flops / e.step_seconds / devices;
   e.model_flops_per_device = model_flops / e.step_seconds / devices;
@@ -768,6 +819,7 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
                                           .virtual_stages = v,
                                           .recompute = recompute,
                                           .sequence_parallel = sp,
+                                          .loss_parallel = options.loss_parallel,
                                           .fp32_gradients = options.fp32_gradients,
                                           .offload = z.offload});
                   }

@@ -79,21 +79,33 @@ struct MemorySpec {
   // the output layer's and the last block's MLP's (all of them when they persist).
   double backward_ffn = 0, backward_hidden = 0;
   bool backward_frees_logits = false;
+  // What the loss's backward adds beside the kept logits, per token, in FP32 values of
+  // width vocab, every activation still alive: with the vocabulary whole (the fused
+  // loss: the logits' gradient), and split over tp (the vocab-parallel loss, a
+  // composite of ops whose gradients overlap). A large vocabulary's peak.
+  double loss_backward = 0, loss_backward_split = 0;
   // Per micro-batch in flight on a pipeline stage that sends on: values of width
   // hidden at the stage boundary (the output kept for backward, its send buffer).
   double pipeline_hidden = 0;
   // A mixture-of-experts block (ModelSpec::experts > 0): `ffn_split` then counts per
-  // routed copy of a token (top_k of them), and the layer keeps besides, per routed
-  // copy, `moe_hidden` values of width hidden (the dispatched rows, the experts'
-  // output), and per token `moe_router` FP32 values per expert (the router's logits and
-  // probabilities) and `moe_scalars` FP32 values (gates, indices, positions), and
-  // `moe_ep_scalars` more under expert parallelism.
+  // routed copy of a token (top_k of them; once per token at the shared expert's width), and the layer keeps besides,
+  // per routed copy, `moe_hidden` values of width hidden (the dispatched rows, the experts' output), and per token
+  // `moe_router` FP32 values per expert (the router's logits and probabilities) and `moe_scalars` FP32 values (gates,
+  // indices, positions), and `moe_ep_scalars` more under expert parallelism.
   double moe_hidden = 0, moe_router = 0, moe_scalars = 0, moe_ep_scalars = 0;
   // Context parallelism (ParallelPlan::cp > 1): values per local token of width hidden
   // (split by tp) kept besides (dtensor's ring attention: its output, an FP32
   // accumulator in heads-major order, copied into the tokens' order for the output
   // projection).
   double cp_split = 0;
+  // With a 16-bit training dtype (ClusterSpec::bytes_per_value 2), how parameters are
+  // kept. False: Megatron's mixed precision, 16-bit parameters and gradients and the
+  // FP32 master in the optimizer (2 + 2 + 12 bytes). True: parameters, gradients and
+  // the optimizer's state in FP32 (4 + 4 + 8) and a 16-bit copy to compute with, cast
+  // at each use and kept for backward per micro-batch in flight (PyTorch's autocast,
+  // nn::ComputeDtype), or under ZeRO gathered in 16 bits (FSDP's param_dtype: ZeRO-1/2
+  // a whole copy beside the FP32 shard, ZeRO-3 its working set).
+  bool fp32_parameters = false;
   // Gradients live across steps in a buffer (Megatron's contiguous main_grad). False:
   // dropped after each optimizer step (set to none) and made again in backward.
   bool gradients_persist = true;
@@ -124,6 +136,10 @@ struct ModelSpec {
   // bound, tight when routing is uneven). 0: dropless, taken as balanced (the busiest
   // rank can hold more).
   double capacity_factor = 0;
+  // A shared expert of this hidden width (0: none): a dense MLP every token of a
+  // mixture-of-experts block also goes through (DeepSeek-MoE, Qwen-MoE), split by tp as
+  // a dense MLP is, replicated over ep.
+  int64_t shared_expert_ffn = 0;
   // Fused attention (FlashAttention, cuDNN): the [s, s] scores are never stored. Off:
   // they are written and read in forward and backward (Megatron-LM in 2021).
   bool flash_attention = true;
@@ -225,6 +241,10 @@ struct ParallelPlan {
   int64_t virtual_stages = 1;  // with Interleaved
   Recompute recompute = Recompute::None;
   bool sequence_parallel = false;
+  // The loss on the logits as tensor parallelism leaves them, split over the vocabulary
+  // (Megatron's vocab-parallel cross entropy, PyTorch's loss_parallel). False: they are
+  // all-gathered whole onto every tp rank first, which holds them whole until backward.
+  bool loss_parallel = true;
   // FP32 gradients beside 16-bit parameters (Megatron-Core's main_grad): 18 bytes per
   // parameter instead of 16, and a data-parallel reduction of FP32.
   bool fp32_gradients = false;
@@ -232,6 +252,16 @@ struct ParallelPlan {
   // reduced gradients' shard on the host, where the optimizer steps; the device keeps
   // its shard of the parameters in the training dtype (stage 2: the gathered copy).
   bool offload = false;
+  // With offload, the share of the parameters whose optimizer side is on the host
+  // (Megatron-Core's --optimizer-offload-fraction); the rest keep their master, state
+  // and gradient shards on the device and step there. Taken as a continuous share
+  // (dtensor offloads whole FSDP units, the blocks from the first, up to the share).
+  double offload_fraction = 1;
+  // With offload of every parameter: ZeRO-Offload's one-step delayed update, the host's
+  // optimizer step of step k running beside step k + 1's forward and backward (hidden
+  // where the cluster overlaps; on a CPU the same cores do both), the host holding one
+  // more step's gradient shards meanwhile.
+  bool delayed_update = false;
   std::string to_string() const;
 };
 
@@ -253,7 +283,7 @@ struct PlanEstimate {
   // compute_seconds includes overhead_seconds, the ops' dispatch on the host.
   // cp_seconds: the ring's key/value passes; ep_seconds: the experts' all-to-alls;
   // offload_seconds: the device-host copies (the host's optimizer step is in
-  // optimizer_seconds).
+  // optimizer_seconds; with the delayed update, the part the next step does not hide).
   double compute_seconds = 0, overhead_seconds = 0, tp_seconds = 0, cp_seconds = 0, ep_seconds = 0, pp_seconds = 0,
          bubble_seconds = 0, dp_seconds = 0, offload_seconds = 0, optimizer_seconds = 0, step_seconds = 0;
   double model_flops_per_device = 0;     // per second, without recomputation (MFU's numerator)
@@ -277,6 +307,7 @@ struct PlanSearchOptions {
   // False: configurations that do not fit in memory are ranked too (their `fits` is false).
   bool check_memory = true;
   bool fp32_gradients = false;  // every configuration's (ParallelPlan::fp32_gradients)
+  bool loss_parallel = true;    // every configuration's (ParallelPlan::loss_parallel)
   // Fix a degree (0: searched). A fixed pp may leave stages uneven (the heaviest sets
   // the pace); searched ones divide the layers, as Megatron requires. cp is searched up
   // to max_cp; ep over the divisors of dp and of the experts (1 for a dense model).
