@@ -66,6 +66,12 @@ LAYOUTS = [
     ("ZeRO-3, half offloaded", "--mesh dp=2 --fsdp 3 --offload --offload-fraction 0.5"),
     ("ZeRO-3 offload, delayed update", "--mesh dp=2 --fsdp 3 --offload --delayed-update 2"),
     ("DDP, dropout", "--mesh dp=2 --dropout 0.1"),
+    ("PP zero-bubble", "--mesh pp=2 --schedule zero-bubble"),
+    ("PP zero-bubble, 4 stages", "--mesh pp=4 --schedule zero-bubble"),
+    ("ZeRO-3, layer units", "--mesh dp=2 --fsdp 3 --fsdp-unit layer"),
+    ("ZeRO-3, no prefetch", "--mesh dp=2 --fsdp 3 --fsdp-prefetch 0"),
+    ("ZeRO-3, prefetch 2", "--mesh dp=2 --fsdp 3 --fsdp-prefetch 2"),
+    ("ZeRO-3, kept after forward", "--mesh dp=2 --fsdp 3 --fsdp-reshard-after-forward false"),
 ]
 MPI = ["DDP", "ZeRO-3", "TP", "PP 1F1B", "DDP x TP"]
 

@@ -467,10 +467,7 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
       // The CPU's GEMMs run FP16 by converting their operands to FP32 (BF16 natively
       // where the CPU has AVX512-BF16 or AMX), a transient the estimate does not hold.
       {s.precision == "fp16" && !s.cuda, "FP16 on the CPU"},
-      {s.schedule && s.schedule->kind == parallel::ScheduleKind::ZeroBubble, "the zero-bubble schedule"},
-      {s.fsdp > 0 && (s.fsdp_unit != models::GPTParallelOptions::FSDPUnit::Block || s.fsdp_prefetch != 1 ||
-                      s.fsdp_reshard_after_forward.has_value()),
-       "FSDP units, prefetch or resharding other than the defaults"}};
+  };
   for (const auto& [on, what] : unmodelled) {
     if (on) out.not_modelled += std::string(out.not_modelled.empty() ? "" : ", ") + what;
   }
@@ -493,12 +490,16 @@ RunEstimate estimate_run(const Settings& s, const models::GPTConfig& config) {
   if (s.schedule) {
     plan.schedule = s.schedule->kind == parallel::ScheduleKind::GPipe             ? parallel::PlanSchedule::GPipe
                     : s.schedule->kind == parallel::ScheduleKind::Interleaved1F1B ? parallel::PlanSchedule::Interleaved
+                    : s.schedule->kind == parallel::ScheduleKind::ZeroBubble      ? parallel::PlanSchedule::ZeroBubble
                                                                                   : parallel::PlanSchedule::OneFOneB;
     plan.virtual_stages = s.schedule->virtual_stages();
   }
   plan.recompute = config.checkpoint_activations ? parallel::Recompute::Full : parallel::Recompute::None;
   plan.sequence_parallel = s.sequence_parallel;
   plan.loss_parallel = s.loss_parallel;
+  plan.fsdp_layer_units = s.fsdp_unit == models::GPTParallelOptions::FSDPUnit::Layer;
+  plan.fsdp_prefetch = s.fsdp_prefetch;
+  plan.reshard_after_forward = s.fsdp_reshard_after_forward.value_or(true);
   const int64_t ranks = shape_numel(s.mesh.shape);
   // Memory does not depend on the machine's rates; the step time does (--profile).
   parallel::ClusterSpec cluster = s.profile.empty() ? parallel::ClusterSpec::preset("cpu", ranks)

@@ -489,8 +489,9 @@ TEST(Models, MemoryEstimateWithinTenPercentOfThePeak) {
 // The same for what a run adds to a layout: a shared expert (tensor parallel as a
 // dense MLP), dropout, a vocabulary large enough for the loss to set the peak (fused
 // on whole logits, vocab-parallel, or gathered for the loss), a partial offload, the
-// delayed update, and 16-bit compute over FP32 parameters (autocast without ZeRO, FSDP's
-// 16-bit gathers with it).
+// delayed update, FSDP's layer units, prefetch and resharding, the zero-bubble
+// schedule (its deferred weight gradients), and 16-bit compute over FP32 parameters
+// (autocast without ZeRO, FSDP's 16-bit gathers with it).
 TEST(Models, MemoryEstimateCoversWhatARunAdds) {
   const auto plan = plan_of;
   const models::GPTPipelineOptions four{.micro_batches = 4};
@@ -502,6 +503,16 @@ TEST(Models, MemoryEstimateCoversWhatARunAdds) {
     p.offload = true;
     p.offload_fraction = fraction;
     p.delayed_update = delayed;
+    return p;
+  };
+  auto fsdp_units = [](parallel::ParallelPlan p, bool layer_units, int64_t prefetch, bool reshard) {
+    p.fsdp_layer_units = layer_units;
+    p.fsdp_prefetch = prefetch;
+    p.reshard_after_forward = reshard;
+    return p;
+  };
+  auto zero_bubble = [](parallel::ParallelPlan p) {
+    p.schedule = parallel::PlanSchedule::ZeroBubble;
     return p;
   };
   const std::optional<DType> bf16 = DType::BF16;
@@ -597,6 +608,56 @@ TEST(Models, MemoryEstimateCoversWhatARunAdds) {
        .options = {.fsdp = 2, .offload = true},
        .plan = offload(plan(2, 1, 1, 2, 1), 1, true),
        .delayed = true},
+      {.name = "ZeRO-3, layer units",
+       .shape = {2},
+       .names = {"dp"},
+       .options = {.fsdp = 3, .fsdp_unit = models::GPTParallelOptions::FSDPUnit::Layer},
+       .plan = fsdp_units(plan(2, 1, 1, 3, 1), true, 1, true)},
+      {.name = "ZeRO-3, layer units, no prefetch",
+       .shape = {2},
+       .names = {"dp"},
+       .options = {.fsdp = 3, .fsdp_unit = models::GPTParallelOptions::FSDPUnit::Layer, .fsdp_prefetch = 0},
+       .plan = fsdp_units(plan(2, 1, 1, 3, 1), true, 0, true)},
+      {.name = "ZeRO-3, no prefetch",
+       .shape = {2},
+       .names = {"dp"},
+       .options = {.fsdp = 3, .fsdp_prefetch = 0},
+       .plan = fsdp_units(plan(2, 1, 1, 3, 1), false, 0, true)},
+      {.name = "ZeRO-3, prefetch 2",
+       .shape = {2},
+       .names = {"dp"},
+       .options = {.fsdp = 3, .fsdp_prefetch = 2},
+       .plan = fsdp_units(plan(2, 1, 1, 3, 1), false, 2, true)},
+      {.name = "ZeRO-3, kept after forward",
+       .shape = {2},
+       .names = {"dp"},
+       .options = {.fsdp = 3, .fsdp_reshard_after_forward = false},
+       .plan = fsdp_units(plan(2, 1, 1, 3, 1), false, 1, false)},
+      {.name = "ZeRO-2, layer units",
+       .shape = {2},
+       .names = {"dp"},
+       .options = {.fsdp = 2, .fsdp_unit = models::GPTParallelOptions::FSDPUnit::Layer},
+       .plan = fsdp_units(plan(2, 1, 1, 2, 1), true, 1, true)},
+      {.name = "PP zero-bubble",
+       .shape = {2},
+       .names = {"pp"},
+       .options = {.pipeline = {.schedule = parallel::ScheduleKind::ZeroBubble, .micro_batches = 4}},
+       .plan = zero_bubble(plan(1, 1, 2, 0, 4))},
+      {.name = "PP zero-bubble, 8",
+       .shape = {2},
+       .names = {"pp"},
+       .options = {.pipeline = {.schedule = parallel::ScheduleKind::ZeroBubble, .micro_batches = 8}},
+       .plan = zero_bubble(plan(1, 1, 2, 0, 8))},
+      {.name = "PP 1F1B, 8",
+       .shape = {2},
+       .names = {"pp"},
+       .options = {.pipeline = {.micro_batches = 8}},
+       .plan = plan(1, 1, 2, 0, 8)},
+      {.name = "PP zero-bubble, 4 stages",
+       .shape = {4},
+       .names = {"pp"},
+       .options = {.pipeline = {.schedule = parallel::ScheduleKind::ZeroBubble, .micro_batches = 4}},
+       .plan = zero_bubble(plan(1, 1, 4, 0, 4))},
       {.name = "BF16, DDP", .shape = {2}, .names = {"dp"}, .plan = plan(2, 1, 1, 0, 1), .compute = bf16},
       {.name = "BF16, DDP recomputed",
        .shape = {2},

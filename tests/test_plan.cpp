@@ -490,6 +490,186 @@ TEST(Plan, HybridShardingShardsWithinGroupsAndAllReducesAcrossThem) {
   EXPECT_EQ(shards, (std::set<int64_t>{0, 2, 4}));
 }
 
+// A partial offload mixes the shares: half the parameters' optimizer side on the host,
+// half on the device as without offload; the delayed update needs all of it offloaded,
+// holds a second step's gradient shards on the host and hides its host step behind the
+// next step where the cluster overlaps (not on a CPU).
+TEST(Plan, PartialOffloadAndTheDelayedUpdate) {
+  const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  ParallelPlan plan = plan_of(8, 1, 1, 3, 64);
+  const PlanEstimate kept = estimate_plan(m, c, 64, plan);
+  plan.offload = true;
+  const PlanEstimate all = estimate_plan(m, c, 64, plan);
+  plan.offload_fraction = 0.5;
+  const PlanEstimate half = estimate_plan(m, c, 64, plan);
+  ASSERT_TRUE(half.rejected.empty()) << half.rejected;
+  EXPECT_NEAR(half.host_bytes / all.host_bytes, 0.5, 1e-9);
+  EXPECT_NEAR(half.optimizer_bytes / kept.optimizer_bytes, 0.5, 1e-9);
+  EXPECT_NEAR(half.grad_bytes / kept.grad_bytes, 0.5, 1e-9);
+  EXPECT_NE(half.plan.to_string().find("offload=0.5"), std::string::npos) << half.plan.to_string();
+  for (const double bad : {0.0, 1.5}) {
+    plan.offload_fraction = bad;
+    EXPECT_NE(estimate_plan(m, c, 64, plan).rejected.find("offload fraction must be in (0, 1]"), std::string::npos);
+  }
+  plan.offload_fraction = 0.5;
+  plan.delayed_update = true;
+  EXPECT_NE(estimate_plan(m, c, 64, plan).rejected.find("delayed update needs every parameter offloaded"),
+            std::string::npos);
+  plan.offload_fraction = 1;
+  const PlanEstimate delayed = estimate_plan(m, c, 64, plan);
+  ASSERT_TRUE(delayed.rejected.empty()) << delayed.rejected;
+  // Two steps' gradient shards (2 bytes each of the 14 per parameter) on the host.
+  EXPECT_NEAR(delayed.host_bytes / all.host_bytes, 16.0 / 14, 1e-9);
+  EXPECT_LT(delayed.optimizer_seconds, all.optimizer_seconds);
+  EXPECT_LT(delayed.step_seconds, all.step_seconds);
+  ClusterSpec cpu = ClusterSpec::preset("cpu", 8);
+  cpu.host_bandwidth = cpu.memory_bandwidth;
+  cpu.host_memory_bandwidth = cpu.memory_bandwidth;
+  ParallelPlan undelayed = plan;
+  undelayed.delayed_update = false;
+  EXPECT_NEAR(
+      estimate_plan(m, cpu, 64, plan).optimizer_seconds / estimate_plan(m, cpu, 64, undelayed).optimizer_seconds, 1,
+      1e-12)
+      << "the CPU's cores run the host step and the next step's work both";
+}
+
+// 16-bit compute over FP32 parameters (autocast, FSDP's param_dtype): 4 + 4 + 8 bytes
+// per parameter split by ZeRO as FP32 training's (ZeRO-1/2 keep a whole 16-bit copy
+// beside the FP32 shard), ZeRO-3 gathers 16-bit, and without ZeRO every micro-batch
+// in flight keeps a 16-bit copy of each weight.
+TEST(Plan, SixteenBitComputeOverFp32Parameters) {
+  ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  m.memory.fp32_parameters = true;
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);  // 2-byte values
+  const double n = 8, params = static_cast<double>(8 * m.layer_parameters() + 32000 * 1024);
+  const double expected[] = {16, 2 + 4 + 12 / n, 2 + 16 / n, 16 / n};  // ZeRO-1 keeps whole FP32 gradients
+  for (int zero = 0; zero <= 3; ++zero) {
+    const PlanEstimate e = estimate_plan(m, c, 64, plan_of(8, 1, 1, zero, 64));
+    ASSERT_TRUE(e.rejected.empty()) << e.rejected;
+    const double per = (e.param_bytes + e.grad_bytes + e.optimizer_bytes) / params;
+    EXPECT_NEAR(per, expected[zero], 1e-9) << zero;
+  }
+  // The working set is gathered in 16 bits; the cast copies are activations.
+  ModelSpec mixed = m;
+  mixed.memory.fp32_parameters = false;
+  const PlanEstimate z3 = estimate_plan(m, c, 64, plan_of(8, 1, 1, 3, 64));
+  EXPECT_NEAR(z3.working_set_bytes, estimate_plan(mixed, c, 64, plan_of(8, 1, 1, 3, 64)).working_set_bytes, 1e-6);
+  const PlanEstimate ddp = estimate_plan(m, c, 64, plan_of(8, 1, 1, 0, 64));
+  const PlanEstimate ddp_mixed = estimate_plan(mixed, c, 64, plan_of(8, 1, 1, 0, 64));
+  EXPECT_NEAR(ddp.activation_bytes - ddp_mixed.activation_bytes, 2 * params, 1e-3 * params);
+  // FP32 training does not cast.
+  ClusterSpec fp32 = c;
+  fp32.bytes_per_value = 4;
+  EXPECT_EQ(estimate_plan(m, fp32, 64, plan_of(8, 1, 1, 0, 64)).activation_bytes,
+            estimate_plan(mixed, fp32, 64, plan_of(8, 1, 1, 0, 64)).activation_bytes);
+}
+
+// The loss: the logits whole on every tp rank when gathered (and an all-gather per
+// micro-batch), and the loss's backward as the peak of a large vocabulary.
+TEST(Plan, GatheredLogitsAndTheLossBackward) {
+  ModelSpec m = ModelSpec::gpt(2, 256, 8, 512, 128000);
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  ParallelPlan plan = plan_of(1, 8, 1, 0, 8);
+  const PlanEstimate split = estimate_plan(m, c, 8, plan);
+  plan.loss_parallel = false;
+  const PlanEstimate whole = estimate_plan(m, c, 8, plan);
+  ASSERT_TRUE(whole.rejected.empty()) << whole.rejected;
+  EXPECT_GT(whole.activation_bytes, split.activation_bytes);
+  EXPECT_GT(whole.tp_seconds, split.tp_seconds);
+  EXPECT_NE(whole.plan.to_string().find("gathered-logits"), std::string::npos);
+  // With the loss's backward counted, the peak grows by what it holds.
+  m.memory.backward_frees_logits = false;
+  const PlanEstimate without = estimate_plan(m, c, 8, plan);
+  m.memory.loss_backward = 1;
+  const PlanEstimate with = estimate_plan(m, c, 8, plan);
+  EXPECT_GT(with.memory_bytes, without.memory_bytes);
+  EXPECT_LE(with.memory_bytes - without.memory_bytes, 512.0 * 128000 * 4 + 1);
+}
+
+// A shared expert is a dense MLP beside the routed ones: its parameters, FLOPs and
+// activations once per token, split by tp and not by ep.
+TEST(Plan, SharedExpertIsADenseMlpBesideTheRoutedOnes) {
+  ModelSpec m = ModelSpec::gpt(4, 512, 8, 256, 32000);
+  m.experts = 8;
+  m.top_k = 2;
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  ModelSpec shared = m;
+  shared.shared_expert_ffn = 1024;
+  EXPECT_EQ(shared.layer_parameters() - m.layer_parameters(), 2 * 512 * 1024);
+  EXPECT_EQ(shared.layer_expert_parameters(), m.layer_expert_parameters());
+  EXPECT_NEAR(shared.flops_per_sequence(false) - m.flops_per_sequence(false), 3.0 * 256 * 4 * 2 * (2 * 512 * 1024), 1);
+  ParallelPlan ep = plan_of(8, 1, 1, 0, 64);
+  ep.ep = 8;
+  EXPECT_NEAR(estimate_plan(shared, c, 64, ep).param_bytes - estimate_plan(m, c, 64, ep).param_bytes,
+              4.0 * 2 * 2 * 512 * 1024, 1);  // 2 bytes, replicated over ep
+  EXPECT_GT(estimate_plan(shared, c, 64, ep).activation_bytes, estimate_plan(m, c, 64, ep).activation_bytes);
+  ModelSpec dense = ModelSpec::gpt(4, 512, 8, 256, 32000);
+  dense.shared_expert_ffn = 1024;
+  EXPECT_THROW(estimate_plan(dense, c, 64, plan_of(8, 1, 1, 0, 64)), std::invalid_argument);
+}
+
+// Zero bubble (ZB-H1): the bubble a third of 1F1B's, the first stage's micro-batches in
+// flight as 1F1B's, and the last stage holding deferred weight gradients.
+TEST(Plan, ZeroBubbleFillsTheBubbleAndHoldsDeferredWeightGradients) {
+  ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  m.memory.deferred_hidden = 4;
+  m.memory.deferred_split = 7;
+  m.memory.deferred_ffn = 2;
+  const ClusterSpec c = ClusterSpec::preset("h100", 8);
+  ParallelPlan one = plan_of(1, 1, 8, 0, 32);
+  const PlanEstimate f = estimate_plan(m, c, 32, one);
+  ParallelPlan zb = one;
+  zb.schedule = PlanSchedule::ZeroBubble;
+  const PlanEstimate z = estimate_plan(m, c, 32, zb);
+  ASSERT_TRUE(z.rejected.empty()) << z.rejected;
+  const double busy = f.compute_seconds + f.tp_seconds + f.cp_seconds + f.ep_seconds;
+  EXPECT_NEAR(f.bubble_seconds / busy, 7.0 / 32, 1e-9);
+  EXPECT_NEAR(z.bubble_seconds / busy, 7.0 / (3 * 32), 1e-9);
+  EXPECT_GE(z.memory_bytes, f.memory_bytes);
+  EXPECT_NE(z.plan.to_string().find("zero-bubble"), std::string::npos);
+  // Nothing deferred is kept: the first stage holds what 1F1B's does.
+  m.memory.deferred_hidden = m.memory.deferred_split = m.memory.deferred_ffn = 0;
+  EXPECT_NEAR(estimate_plan(m, c, 32, zb).activation_bytes, estimate_plan(m, c, 32, one).activation_bytes, 1);
+}
+
+// ZeRO-3's working set: prefetch k gathers k + 1 units (no more than the stage's
+// blocks), layer units hold a block's attention and MLP where block units hold two
+// blocks, and keeping the gathered blocks after forward holds every block (and skips
+// backward's all-gather).
+TEST(Plan, FsdpUnitsPrefetchAndReshardingSetTheWorkingSet) {
+  const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
+  const ClusterSpec c = ClusterSpec::preset("cpu", 8);  // collectives exposed
+  const double layer = static_cast<double>(m.layer_parameters()) * 4, outside = 32000.0 * 1024 * 4;
+  auto working_set = [&](bool layer_units, int64_t prefetch, bool reshard) {
+    ParallelPlan p = plan_of(8, 1, 1, 3, 64);
+    p.fsdp_layer_units = layer_units;
+    p.fsdp_prefetch = prefetch;
+    p.reshard_after_forward = reshard;
+    const PlanEstimate e = estimate_plan(m, c, 64, p);
+    EXPECT_TRUE(e.rejected.empty()) << e.rejected;
+    return e;
+  };
+  EXPECT_NEAR(working_set(false, 1, true).working_set_bytes, 2 * layer + outside, 1);
+  EXPECT_NEAR(working_set(false, 0, true).working_set_bytes, layer + outside, 1);
+  EXPECT_NEAR(working_set(false, 3, true).working_set_bytes, 4 * layer + outside, 1);
+  EXPECT_NEAR(working_set(false, 20, true).working_set_bytes, 8 * layer + outside, 1);
+  EXPECT_NEAR(working_set(true, 1, true).working_set_bytes, layer + outside, 1);  // norms, attention and MLP
+  EXPECT_LT(working_set(true, 0, true).working_set_bytes, layer + outside);
+  const PlanEstimate kept = working_set(false, 1, false);
+  EXPECT_NEAR(kept.working_set_bytes, 8 * layer + outside, 1);
+  EXPECT_LT(kept.dp_seconds, working_set(false, 1, true).dp_seconds);
+  // Three units a block: three times the collectives' host cost.
+  ClusterSpec host = c;
+  host.fsdp_collective_seconds = 1e-4;
+  ParallelPlan block = plan_of(8, 1, 1, 3, 64), layers = block;
+  layers.fsdp_layer_units = true;
+  EXPECT_NEAR(estimate_plan(m, host, 64, layers).dp_seconds - estimate_plan(m, host, 64, block).dp_seconds,
+              1e-4 * 16 * 8 * 3, 1e-9);
+  block.fsdp_prefetch = -1;
+  EXPECT_NE(estimate_plan(m, c, 64, block).rejected.find("prefetch must be >= 0"), std::string::npos);
+}
+
 TEST(Plan, InvalidPlansAndInputsAreRejectedWithReasons) {
   const ModelSpec m = ModelSpec::gpt(8, 1024, 16, 1024, 32000);
   const ClusterSpec c = ClusterSpec::preset("h100", 8);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dtensor/cost_model.h"
+#include "dtensor/parallel/pipeline_schedule.h"
 #include "util/check.h"
 
 namespace dtensor::parallel {
@@ -209,7 +210,7 @@ void ClusterSpec::validate() const {
 // ---- plans ---------------------------------------------------------------------------
 
 std::string ParallelPlan::to_string() const {
-  static const char* const schedules[] = {"gpipe", "1f1b", "interleaved"};
+  static const char* const schedules[] = {"gpipe", "1f1b", "interleaved", "zero-bubble"};
   static const char* const recomputes[] = {"none", "selective", "full"};
   std::ostringstream os;
   os << "dp=" << dp << " tp=" << tp << " pp=" << pp;
@@ -220,6 +221,9 @@ std::string ParallelPlan::to_string() const {
   if (offload) os << " offload";
   if (offload && offload_fraction < 1) os << "=" << offload_fraction;
   if (delayed_update) os << " delayed-update";
+  if (zero > 0 && fsdp_layer_units) os << " layer-units";
+  if (zero == 3 && fsdp_prefetch != 1) os << " prefetch=" << fsdp_prefetch;
+  if (zero == 3 && !reshard_after_forward) os << " kept-after-forward";
   os << " micro-batch=" << micro_batch << " micro-batches=" << micro_batches;
   if (pp > 1) os << " schedule=" << schedules[static_cast<int>(schedule)];
   if (schedule == PlanSchedule::Interleaved) os << " v=" << virtual_stages;
@@ -296,6 +300,10 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     why << "the offload fraction must be in (0, 1], got " << p.offload_fraction;
     return reject(why.str());
   }
+  if (p.fsdp_prefetch < 0) {
+    why << "the FSDP prefetch must be >= 0, got " << p.fsdp_prefetch;
+    return reject(why.str());
+  }
   if (p.delayed_update && (!p.offload || p.offload_fraction != 1)) {
     return reject("the delayed update needs every parameter offloaded (the device would read parameters that change)");
   }
@@ -364,7 +372,9 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   struct PerParameter {
     double params = 0, grads = 0, optimizer = 0, host = 0;
   };
-  // Under a partial offload the shares mix (offload_fraction of them on the host).
+  // Under a partial offload the shares mix (offload_fraction of them on the host). The
+  // host holds the master (FP32 training: the parameter), the state and the gradient.
+  const double host_per_parameter = optim_b + (bpv == 4 || cast ? 4 : 0) + grad_b;
   const double offloaded = p.offload ? p.offload_fraction : 0;
   auto per_parameter = [&](double z) {
     PerParameter x;
@@ -376,7 +386,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                                                                                 master_b / z);
     x.grads = (1 - offloaded) * grad_b / (p.zero >= 2 ? z : 1);
     x.optimizer = (1 - offloaded) * optim_b / (p.zero >= 1 ? z : 1);
-    x.host = offloaded * (optim_b + (bpv == 4 || cast ? 4 : 0) + grad_b * (p.delayed_update ? 2 : 1)) / z;
+    x.host = offloaded * (host_per_parameter + (p.delayed_update ? grad_b : 0)) / z;
     return x;
   };
   const PerParameter dense_b = per_parameter(dense_shard), expert_b = per_parameter(expert_shard);
@@ -414,7 +424,29 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     case Recompute::Full: per_layer = tokens * bpv * ms.checkpointed_hidden * h / whole; break;
   }
   double in_flight = 1;  // micro-batches whose activations the first stage holds
-  if (p.pp > 1) {
+  // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
+  double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
+  if (p.pp > 1 && p.schedule == PlanSchedule::ZeroBubble) {
+    // Walked from the schedule: on each rank the most of (micro-batches forwarded and
+    // not yet through their input gradient) plus (those awaiting their weight gradient)
+    // weighed by what a deferred weight gradient keeps against a layer's activations.
+    const double deferred =
+        tokens * bpv * (ms.deferred_hidden * h / whole + ms.deferred_split * h / t + rows * ms.deferred_ffn * f / t);
+    const double weight = (ms.deferred_keeps_activations ? 1 : 0) + deferred / std::max(per_layer, 1.0);
+    const Schedule zb = zero_bubble(static_cast<int>(p.pp), static_cast<int>(p.micro_batches));
+    auto most_held = [&](int rank) {
+      double forwarded = 0, deferred_now = 0, most = 0;
+      for (const Action& action : zb.actions[static_cast<size_t>(rank)]) {
+        if (action.kind == ActionKind::Forward) forwarded += 1;
+        if (action.kind == ActionKind::BackwardInput) forwarded -= 1, deferred_now += 1;
+        if (action.kind == ActionKind::BackwardWeight) deferred_now -= 1;
+        most = std::max(most, forwarded + weight * deferred_now);
+      }
+      return most;
+    };
+    in_flight = most_held(0);
+    last_in_flight = most_held(static_cast<int>(p.pp) - 1);
+  } else if (p.pp > 1) {
     in_flight = p.schedule == PlanSchedule::GPipe      ? m
                 : p.schedule == PlanSchedule::OneFOneB ? std::min(m, pp)
                                                        : pp * (1 + (pp - 1) / (pp * static_cast<double>(v)));
@@ -425,8 +457,6 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const bool vocab_split = p.tp > 1 && p.loss_parallel;
   const double logits_bytes = tokens * (4 * ms.logits * vocab / (vocab_split ? t : 1) + 4 * ms.outside_scalars / whole);
   const double transient = tokens * bpv * (rows * ms.backward_ffn * f + ms.backward_hidden * h) / t;
-  // The last stage holds one micro-batch in flight under 1F1B (GPipe: all of them).
-  const double last_in_flight = p.schedule == PlanSchedule::GPipe ? m : 1;
   // The gradients alive at backward's start: all of them where they persist (a buffer,
   // ZeRO-1's full one, or accumulation over micro-batches); else the output layer's
   // and the last block's MLP's. ZeRO-2/3 keep shards, and a module's full gradients
@@ -439,6 +469,25 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const bool persist =
       ms.gradients_persist || p.zero == 1 || (m > 1 && (p.pp == 1 || p.schedule != PlanSchedule::GPipe));
   const double layer_grads = device_layer * grad_b;
+  // ZeRO-3's units on a device, in the order they run: a block, or its norms (the
+  // block's own unit, gathered while its children run), attention and MLP. The window:
+  // the unit computing and the `ahead` after it, with its block's norms.
+  const double norms = 4 * h;
+  const double attention_unit =
+      static_cast<double>(attention_matrices(model)) / t + (model.linear_biases ? (2 * h + 2 * hd * kv) / t : 0);
+  // No more than the stage's blocks.
+  auto gathered_window = [&](int64_t ahead) {
+    if (!p.fsdp_layer_units) return std::min(static_cast<double>(ahead + 1), layers_per_stage) * device_layer;
+    const double units[3] = {norms, attention_unit, device_layer - norms - attention_unit};
+    const auto count = static_cast<int64_t>(3 * layers_per_stage);
+    double most = 0;
+    for (int64_t first = 0; first < 3; ++first) {
+      double sum = first == 0 ? 0 : norms;
+      for (int64_t i = 0; i <= ahead && first + i < count; ++i) sum += units[(first + i) % 3];
+      most = std::max(most, sum);
+    }
+    return most;
+  };
   struct StageMemory {
     double params, grads, optimizer, host, working_set, activations, transient, peak;
   };
@@ -449,9 +498,14 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     mem.grads = dense * dense_b.grads + expert_params * expert_b.grads;
     mem.optimizer = dense * dense_b.optimizer + expert_params * expert_b.optimizer;
     mem.host = dense * dense_b.host + expert_params * expert_b.host;
-    // ZeRO-3 gathers a layer while computing the one before (two at once), and keeps
-    // the layers outside the blocks (embedding, output layer) gathered.
-    if (p.zero == 3) mem.working_set = (2 * device_layer + parameters - layer_params) * param_b;
+    // ZeRO-3 keeps the layers outside the blocks (embedding, output layer) gathered, and
+    // the units in the window (gathered_window); kept after forward, every block by
+    // backward's start.
+    const double outside = parameters - layer_params;
+    if (p.zero == 3) {
+      mem.working_set =
+          (outside + (p.reshard_after_forward ? gathered_window(p.fsdp_prefetch) : layer_params)) * param_b;
+    }
     const double boundary = p.pp > 1 && !head ? tokens * bpv * ms.pipeline_hidden * h / t * flight : 0;
     mem.activations = per_layer * layers_per_stage * flight + rebuilt + embedded * flight + boundary +
                       (head ? (logits_bytes + cast_weights * vh) * (p.pp == 1 ? flight : last_in_flight) : 0);
@@ -477,9 +531,13 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     const double grads_before = p.zero == 1 || (p.zero == 0 && persist) ? mem.grads : 0;
     const double loss_backward =
         head ? tokens * 4 * vocab * (vocab_split ? ms.loss_backward_split / t : ms.loss_backward) : 0;
-    // There ZeRO-3 holds the layers outside the blocks and the last block, prefetched for
-    // backward, gathered: one block fewer than the working set's two.
-    const double loss_working_set = p.zero == 3 ? mem.working_set - device_layer * param_b : 0;
+    // There ZeRO-3 holds the layers outside the blocks and the units prefetched for the
+    // last block's backward (resharded after forward) gathered.
+    const double loss_working_set =
+        p.zero != 3 ? 0
+        : p.reshard_after_forward
+            ? (outside + (p.fsdp_prefetch > 0 ? gathered_window(p.fsdp_prefetch - 1) : 0)) * param_b
+            : mem.working_set;
     mem.peak = mem.params + mem.optimizer +
                std::max({mem.working_set + grads_start + mem.activations + mem.transient,
                          loss_working_set + grads_before + mem.activations + loss_backward,
@@ -616,8 +674,10 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     // ranks all-gather it over NVLink (Megatron's scatter/gather optimisation).
     const double sent = activation_bytes / t;
     e.pp_seconds = m * static_cast<double>(v) * 2 * pp_link.point_to_point(static_cast<int64_t>(sent), 1);
-    e.bubble_seconds =
-        (pp - 1) / (static_cast<double>(v) * m) * (e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds);
+    // Idle against busy time: (p-1)/(v m); zero-bubble's W fill two thirds of 1F1B's
+    // bubble (ZB-H1 with F = I = W: (p-1)/(3m)).
+    const double idle = (pp - 1) / ((p.schedule == PlanSchedule::ZeroBubble ? 3 : static_cast<double>(v)) * m);
+    e.bubble_seconds = idle * (e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds);
   }
   // A micro-batch's forward is a third of its compute, its backward two thirds.
   const double forward = e.compute_seconds / (3 * m), backward = 2 * forward;
@@ -675,9 +735,10 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       // parameters all-gathered once (behind the next step's first forward).
       e.dp_seconds = m * exposed(gradients(true), backward) + exposed(gather(), forward);
     } else {
-      // Every micro-batch gathers the parameters for forward and again for backward,
-      // and reduce-scatters the gradients.
-      e.dp_seconds = m * (exposed(gather(), forward) + exposed(gather() + gradients(true), backward));
+      // Every micro-batch gathers the parameters for forward and again for backward
+      // (unless kept after forward), and reduce-scatters the gradients.
+      e.dp_seconds = m * (exposed(gather(), forward) +
+                          exposed((p.reshard_after_forward ? gather() : 0) + gradients(true), backward));
     }
     if (!cluster.overlap_communication) {
       // Flat buffers, copied by the cores that compute: DDP packs the gradients into its
@@ -686,12 +747,12 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
       // the parameters (ZeRO-1/2: once per step; ZeRO-3: for every micro-batch's
       // forward and backward).
       const double packs = p.zero == 0 ? 2 : p.zero == 1 ? 1 : m;
-      const double unpacks = p.zero == 0 ? 0 : p.zero == 3 ? 2 * m : 1;
+      const double unpacks = p.zero == 0 ? 0 : p.zero == 3 ? (p.reshard_after_forward ? 2 : 1) * m : 1;
       e.dp_seconds += (packs * stage_params * grad_b + unpacks * stage_params * param_b) / cluster.memory_bandwidth;
       // FSDP's units (each block, and the layers outside them): each of their gathers
       // and reduce-scatters (the unpacks and packs above) a collective with its host cost.
       if (p.zero > 0) {
-        const double units = layers_per_stage + 1;
+        const double units = layers_per_stage * (p.fsdp_layer_units ? 3 : 1) + 1;
         e.dp_seconds += cluster.fsdp_collective_seconds * units * (packs + unpacks);
       }
     }
@@ -705,12 +766,14 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     e.offload_seconds = m * exposed(offloaded * grad_shard / cluster.host_bandwidth, backward) +
                         exposed(offloaded * param_shard / cluster.host_bandwidth, forward);
   }
+  // The host's step does not read the delayed update's second gradient shards.
+  const double host_stepped = p.delayed_update ? host_per_parameter / (host_per_parameter + grad_b) : 1;
   // The optimizer reads and writes its state, the gradients and the parameters once
   // (with offload, the host's at its bandwidth, the device's share on the device); on
   // the host, each of the stage's parameter tensors costs its own ops besides.
   e.optimizer_seconds =
       (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 * (1 - offloaded) / cluster.memory_bandwidth +
-      (p.offload ? e.host_bytes * 2 / cluster.host_memory_bandwidth : 0) +
+      (p.offload ? e.host_bytes * host_stepped * 2 / cluster.host_memory_bandwidth : 0) +
       cluster.optimizer_tensor_seconds * (static_cast<double>(model.tensors_per_layer) * layers_per_stage +
                                           static_cast<double>(model.tensors_outside_layers));
   const double rest = e.compute_seconds + e.tp_seconds + e.cp_seconds + e.ep_seconds + e.pp_seconds + e.bubble_seconds +

@@ -87,6 +87,14 @@ struct MemorySpec {
   // Per micro-batch in flight on a pipeline stage that sends on: values of width
   // hidden at the stage boundary (the output kept for backward, its send buffer).
   double pipeline_hidden = 0;
+  // Per layer and token, what a deferred weight gradient keeps once the input gradient
+  // is done (the zero-bubble schedule's W): the matrix products' output gradients, of
+  // width hidden whole on every tp rank, of width hidden split by tp, and of width ffn
+  // split by tp (per routed copy in a mixture of experts); and whether the layer's
+  // activations stay with it (the autograd graph waiting for W holds them all) or only
+  // the products' inputs, taken as part of them.
+  double deferred_hidden = 0, deferred_split = 0, deferred_ffn = 0;
+  bool deferred_keeps_activations = false;
   // A mixture-of-experts block (ModelSpec::experts > 0): `ffn_split` then counts per
   // routed copy of a token (top_k of them; once per token at the shared expert's width), and the layer keeps besides,
   // per routed copy, `moe_hidden` values of width hidden (the dispatched rows, the experts' output), and per token
@@ -218,7 +226,9 @@ struct ClusterSpec {
 };
 
 enum class Recompute { None, Selective, Full };
-enum class PlanSchedule { GPipe, OneFOneB, Interleaved };
+// ZeroBubble: ZB-H1 (pipeline_schedule.h's zero_bubble), backward split into the input
+// gradient and the deferred weight gradient; its memory walked from the schedule.
+enum class PlanSchedule { GPipe, OneFOneB, Interleaved, ZeroBubble };
 
 struct ParallelPlan {
   int64_t dp = 1, tp = 1, pp = 1;
@@ -262,6 +272,15 @@ struct ParallelPlan {
   // where the cluster overlaps; on a CPU the same cores do both), the host holding one
   // more step's gradient shards meanwhile.
   bool delayed_update = false;
+  // FSDP's units (ZeRO 1-3): each block, or with fsdp_layer_units its attention and its
+  // MLP each their own and the norms the block's (three collectives where one was).
+  // ZeRO-3's gathered working set: `fsdp_prefetch` units gathered ahead of the one
+  // computing, and whether a block's gathered parameters are freed after its forward
+  // and gathered again for backward (false: kept, every block gathered at backward's
+  // start and no second all-gather).
+  bool fsdp_layer_units = false;
+  int64_t fsdp_prefetch = 1;
+  bool reshard_after_forward = true;
   std::string to_string() const;
 };
 
