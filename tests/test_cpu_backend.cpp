@@ -86,6 +86,26 @@ TEST(GemmEngines, RepeatedMatmulGivesTheSameBitsAndReportsItsRoute) {
   EXPECT_NE(dtensor::cpu::summary().find("OpenBLAS"), std::string::npos);
 }
 
+// Shapes that differ a little (a mixture of experts' rows per expert change every step)
+// share one measurement: sizes above 64 are tuned by quarter octaves. A shape outside
+// the first's quarter octave is measured on its own.
+TEST(GemmEngines, NearbyShapesShareOneTuning) {
+  const Tensor b = Tensor::randn({96, 200}, 2);
+  const std::vector<int64_t> near = {531, 560, 600, 640};
+  std::vector<Tensor> want;  // the F64 references first: their GEMMs are tuned too
+  for (int64_t rows : near) want.push_back(matmul(Tensor::randn({rows, 96}, 1).to(DType::F64), b.to(DType::F64)));
+  auto lines = [] { return dtensor::cpu::gemm_choices().size(); };
+  (void)matmul(Tensor::randn({530, 96}, 1), b);  // 512 < 530 <= 640
+  const size_t measured = lines();
+  for (size_t i = 0; i < near.size(); ++i) {
+    const Tensor got = matmul(Tensor::randn({near[i], 96}, 1), b);
+    EXPECT_TRUE(allclose(got, want[i].to(DType::F32), 1e-4, 1e-4)) << near[i];
+    EXPECT_EQ(lines(), measured) << near[i] << " rows share the measurement of 530";
+  }
+  (void)matmul(Tensor::randn({641, 96}, 1), b);
+  EXPECT_EQ(lines(), measured + 1);
+}
+
 // Sums over leading dims (bias gradients) take a column-parallel path; it must agree
 // with a double reference and, bit for bit, with the general path on a strided copy.
 TEST(Reductions, LeadingDimSumsMatchReferenceAndGeneralPath) {

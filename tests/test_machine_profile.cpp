@@ -141,7 +141,7 @@ TEST(MachineProfile, BadFilesSayWhatIsWrong) {
 
 // The cluster a profile describes: its rates per rank, shared by more ranks than measured,
 // and fewer ranks' larger share of the cores' threads (the host's dispatch of an op
-// stays one thread's).
+// stays one thread's), and its memory as the host offload moves to.
 TEST(MachineProfile, ClusterCarriesTheMeasuredRates) {
   MachineProfile p = fit_profile(synthetic(60e9, 48, 3e-6, 5e9, 2));
   p.memory_bytes = 24e9;
@@ -161,6 +161,12 @@ TEST(MachineProfile, ClusterCarriesTheMeasuredRates) {
   EXPECT_DOUBLE_EQ(one.peak_flops, 120e9);
   EXPECT_DOUBLE_EQ(one.memory_bandwidth, 2 * two.memory_bandwidth);
   EXPECT_DOUBLE_EQ(one.op_seconds, two.op_seconds);
+  // The host offload moves to is the same memory: a measured CPU can estimate offload.
+  EXPECT_DOUBLE_EQ(two.host_bandwidth, two.memory_bandwidth);
+  EXPECT_DOUBLE_EQ(two.host_memory_bandwidth, two.memory_bandwidth);
+  EXPECT_DOUBLE_EQ(two.host_memory_bytes, two.memory_bytes);
+  ParallelPlan offload{.dp = 2, .zero = 3, .micro_batch = 4, .micro_batches = 1, .offload = true};
+  EXPECT_EQ(estimate_plan(ModelSpec::gpt(2, 64, 4, 32, 32), two, 8, offload).rejected, "");
   EXPECT_THROW(p.cluster(0), std::invalid_argument);
   EXPECT_THROW(MachineProfile{}.cluster(2), std::invalid_argument);
 }

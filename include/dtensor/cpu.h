@@ -23,8 +23,10 @@ std::string summary();
 // OpenBLAS running a kernel older than the CPU because it does not know the model.
 std::vector<std::string> warnings();
 
-// One line per GEMM shape seen so far: the route chosen and each candidate's measured
-// rate per core (FLOPs over the CPU seconds of all threads that ran it), e.g.
+// One line per GEMM shape measured so far (shapes within a quarter octave of it, above
+// 64 in each size, share its choice and are not listed): the route chosen and each
+// candidate's measured rate per core (FLOPs over the CPU seconds of all threads that
+// ran it), e.g.
 // "f32 NT 1024x1024x256 on 2 threads: openblas (openblas 141 GFLOP/s per core, onednn 111 ...)".
 std::vector<std::string> gemm_choices();
 

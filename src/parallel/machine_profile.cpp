@@ -364,6 +364,10 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   c.intra_bandwidth = c.inter_bandwidth = bandwidth * share;
   c.intra_latency = c.inter_latency = latency;
   c.memory_bandwidth = memory_bandwidth * share;
+  // The host is the same memory (offload's copies are copies within it), as the cpu
+  // preset has it.
+  c.host_bandwidth = c.host_memory_bandwidth = c.memory_bandwidth;
+  c.host_memory_bytes = c.memory_bytes;
   const double host_share = std::min(1.0, share);  // one thread dispatches however many a rank has
   c.op_seconds = op_seconds / host_share;
   c.tp_op_seconds = tp_op_seconds / host_share;

@@ -10,11 +10,12 @@
 // blocks when it is wider than tall); each task calls the engine single-threaded.
 //
 // Engine choice: no table of CPU models decides which library is fast here. The
-// first call of each GEMM signature (dtype, transposes, batch, m, n, k, threads)
-// runs every candidate route on the call's own operands into a scratch output (one
-// warm-up run each, then interleaved rounds, 4 to 16 of them so that each route is
-// timed for about 10 ms; the cost of a run is its CPU time over all threads, which
-// other processes on the machine do not inflate)
+// first call of each GEMM signature (dtype, transposes, batch, m, n, k, threads; the
+// sizes above 64 rounded up to four steps per octave, so that shapes which differ a
+// little, such as a mixture of experts' rows per expert, which change every step,
+// share one measurement instead of each paying for its own) runs every candidate route on the call's own operands into
+// a scratch output (one warm-up run each, then interleaved rounds, 4 to 16 of them so that each route is timed for
+// about 10 ms; the cost of a run is its CPU time over all threads, which other processes on the machine do not inflate)
 // and pins the signature to the cheapest; a route must beat the
 // default (OpenBLAS) by 5% to replace it. The real output is
 // always written by the chosen route, so results never depend on the order of calls,
@@ -120,6 +121,24 @@ struct Signature {
   bool operator==(const Signature&) const = default;
 };
 
+// A size in the tuning key: exact up to 64, above that rounded up to the next of four
+// steps per octave (64, 80, 96, 112, 128, 160, ...).
+int64_t tuning_size(int64_t v) {
+  if (v <= 64) return v;
+  int64_t octave = 64;
+  while (octave * 2 <= v) octave *= 2;
+  const int64_t step = octave / 4;
+  return (v + step - 1) / step * step;
+}
+
+Signature tuning_key(Signature s) {
+  s.batch = tuning_size(s.batch);
+  s.m = tuning_size(s.m);
+  s.n = tuning_size(s.n);
+  s.k = tuning_size(s.k);
+  return s;
+}
+
 struct SignatureHash {
   size_t operator()(const Signature& s) const {
     size_t h = static_cast<size_t>(s.dtype) * 4 + (s.trans_a ? 2 : 0) + (s.trans_b ? 1 : 0);
@@ -147,6 +166,7 @@ constexpr int64_t kMinTunedWork = int64_t{1} << 18;
 constexpr double kSwitchMargin = 0.95;
 
 struct Tuning {
+  Signature first;  // the call that was measured (the key's sizes are rounded)
   std::vector<Route> routes;
   std::vector<double> best;  // shortest measured call per route (seconds)
   int chosen = -1;
@@ -234,8 +254,9 @@ class Tuner {
   // and calls of other threads that arrive while it measures, get that choice.
   Route choose(const Signature& s, const std::function<double(const Route&)>& time_route) {
     std::unique_lock<std::mutex> lock(mutex_);
-    Tuning& t = table_[s];
+    Tuning& t = table_[tuning_key(s)];
     if (t.routes.empty()) {
+      t.first = s;
       t.routes = routes_for(s.dtype);
       t.best.assign(t.routes.size(), 0.0);
       const int64_t work = s.batch * s.m * s.n * s.k;
@@ -264,13 +285,14 @@ class Tuner {
     std::lock_guard<std::mutex> lock(mutex_);
     std::vector<std::pair<Signature, Tuning>> rows(table_.begin(), table_.end());
     std::sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
-      const Signature &a = x.first, &b = y.first;
+      const Signature &a = x.second.first, &b = y.second.first;
       return std::tie(a.dtype, a.threads, a.batch, a.m, a.n, a.k, a.trans_a, a.trans_b) <
              std::tie(b.dtype, b.threads, b.batch, b.m, b.n, b.k, b.trans_a, b.trans_b);
     });
     std::vector<std::string> lines;
     const auto& engines = gemm_engines();
-    for (const auto& [s, t] : rows) {
+    for (const auto& [key, t] : rows) {
+      const Signature& s = t.first;  // the shape measured, for the shapes near it
       std::ostringstream os;
       os << dtype_name(s.dtype) << ' ' << (s.trans_a ? 'T' : 'N') << (s.trans_b ? 'T' : 'N') << ' ';
       if (s.batch > 1) os << s.batch << " x ";
