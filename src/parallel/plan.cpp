@@ -380,10 +380,8 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     PerParameter x;
     // Offloaded, the device keeps the parameters it computes with (stage 3 its shard of
     // them), the host their master.
-    x.params = offloaded * param_b / (p.zero == 3 ? z : 1) + (1 - offloaded) * ((p.zero == 0   ? stored_b
-                                                                                 : p.zero == 3 ? stored_b / z
-                                                                                               : param_b) +
-                                                                                master_b / z);
+    const double kept = (p.zero == 0 ? stored_b : p.zero == 3 ? stored_b / z : param_b) + master_b / z;
+    x.params = offloaded * param_b / (p.zero == 3 ? z : 1) + (1 - offloaded) * kept;
     x.grads = (1 - offloaded) * grad_b / (p.zero >= 2 ? z : 1);
     x.optimizer = (1 - offloaded) * optim_b / (p.zero >= 1 ? z : 1);
     x.host = offloaded * (host_per_parameter + (p.delayed_update ? grad_b : 0)) / z;
