@@ -790,6 +790,11 @@ TrainConfig choose_plan(const TrainConfig& given, const Group* mpi_world) {
   if (base.precision != "fp32") cluster.bytes_per_value = 2;
   parallel::PlanSearchOptions options;
   options.loss_parallel = base.loss_parallel;
+  // The run keeps the user's FSDP options and offload share: the search estimates them.
+  options.fsdp_layer_units = base.fsdp_unit == models::GPTParallelOptions::FSDPUnit::Layer;
+  options.fsdp_prefetch = base.fsdp_prefetch;
+  options.reshard_after_forward = base.fsdp_reshard_after_forward.value_or(true);
+  options.offload_fraction = base.offload_fraction;
   options.recompute = {parallel::Recompute::None, parallel::Recompute::Full};  // --checkpoint-activations
   options.max_micro_batch = given.batch;                                       // any micro-batch size runs here
   const parallel::PlanSearch found = parallel::search_plans(model, cluster, given.batch, options);

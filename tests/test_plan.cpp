@@ -508,10 +508,17 @@ TEST(Plan, PartialOffloadAndTheDelayedUpdate) {
   EXPECT_NEAR(half.optimizer_bytes / kept.optimizer_bytes, 0.5, 1e-9);
   EXPECT_NEAR(half.grad_bytes / kept.grad_bytes, 0.5, 1e-9);
   EXPECT_NE(half.plan.to_string().find("offload=0.5"), std::string::npos) << half.plan.to_string();
-  for (const double bad : {0.0, 1.5}) {
+  for (const double bad : {-0.5, 1.5}) {
     plan.offload_fraction = bad;
-    EXPECT_NE(estimate_plan(m, c, 64, plan).rejected.find("offload fraction must be in (0, 1]"), std::string::npos);
+    EXPECT_NE(estimate_plan(m, c, 64, plan).rejected.find("offload fraction must be in [0, 1]"), std::string::npos);
   }
+  // The device steps its own share: half the bytes it steps without offload, but for
+  // the 16-bit copies of the offloaded half it keeps.
+  plan.offload_fraction = 0.5;
+  ParallelPlan none = plan;
+  none.offload = false;
+  const double device_part = half.optimizer_seconds - half.host_bytes * 2 / c.host_memory_bandwidth;
+  EXPECT_NEAR(device_part / estimate_plan(m, c, 64, none).optimizer_seconds, 0.5, 1e-9);
   plan.offload_fraction = 0.5;
   plan.delayed_update = true;
   EXPECT_NE(estimate_plan(m, c, 64, plan).rejected.find("delayed update needs every parameter offloaded"),

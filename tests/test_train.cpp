@@ -196,6 +196,8 @@ TEST(Train, LossScalingFindsEveryNonFiniteGradientAndOnlyThose) {
     EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{INFINITY, 1, -INFINITY})));
     EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{-INFINITY})));
     EXPECT_TRUE(check(Tensor::from_vector(std::vector<float>{1e30F, -1e30F, 3})));
+    EXPECT_TRUE(check(Tensor::from_vector(std::vector<float>{3e38F, 3e38F})));  // whose sum overflows F32
+    EXPECT_TRUE(check(Tensor::zeros({0})));
     EXPECT_TRUE(check(Tensor::full({4096}, 60000.0, DType::F16)));  // sums to 2.5e8, beyond FP16's 65504
     EXPECT_FALSE(check(Tensor::from_vector(std::vector<float>{1, NAN}).to(DType::BF16)));
   });

@@ -137,8 +137,9 @@ parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions op
     plan.emplace_back("blocks.*.moe", ExpertParallel{.hidden = true});
     if (sp) plan.emplace_back("blocks.*.moe", PrepareModuleOutput{.desired_output_layouts = out});
     if (config.moe_shared_expert) {
-      // The shared expert as a dense MLP (Megatron-Core shards it so): its output
-      // reduced to the layout the routed experts' output takes, which it is added to.
+      // The shared expert as a dense MLP (Megatron-Core shards it so): its output reduced
+      // to the block's output layout (scattered over the sequence with sequence
+      // parallelism), and added to the routed experts' output there.
       plan.emplace_back("blocks.*.moe.shared", PrepareModuleInput{.desired_input_layouts = Replicate()});
       plan.emplace_back("blocks.*.moe.shared.up", ColwiseParallel{});
       if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.moe.shared.gate", ColwiseParallel{});

@@ -19,12 +19,11 @@ bool LossScaler::unscale_and_check(const std::vector<DistTensor>& params, const 
     mesh = &p.mesh();
     Tensor local = g.to_local();
     local.copy_(mul(local, 1.0 / scale_));
-    // A NaN or an infinity anywhere makes the sum non-finite (+inf and -inf give NaN).
-    // Summed in place in FP32 or wider: FP16's range would overflow on finite values,
-    // and an FP64 copy of every gradient doubled its memory for the check.
-    const bool narrow = local.dtype() == DType::F16 || local.dtype() == DType::BF16;
-    const double total = sum(narrow ? local.to(DType::F32) : local).item<double>();
-    local_inf |= !std::isfinite(total);
+    // The largest and smallest are finite exactly when every element is (a NaN wins
+    // both, as in torch.amax): no copy (an FP64 copy of every gradient doubled its
+    // memory), and no sum to overflow on finite values.
+    if (local.numel() == 0) continue;
+    local_inf |= !std::isfinite(amax(local).item<double>()) || !std::isfinite(amin(local).item<double>());
   }
   found_inf_ = local_inf;
   if (group || mesh) {

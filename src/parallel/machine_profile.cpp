@@ -368,6 +368,7 @@ ClusterSpec MachineProfile::cluster(int64_t devices) const {
   // preset has it.
   c.host_bandwidth = c.host_memory_bandwidth = c.memory_bandwidth;
   c.host_memory_bytes = c.memory_bytes;
+  c.host_is_device_memory = true;
   const double host_share = std::min(1.0, share);  // one thread dispatches however many a rank has
   c.op_seconds = op_seconds / host_share;
   c.tp_op_seconds = tp_op_seconds / host_share;

@@ -176,6 +176,7 @@ ClusterSpec ClusterSpec::preset(std::string_view name, int64_t devices) {
     // The host is the same memory (offload's copies are copies within it).
     c.host_bandwidth = c.host_memory_bandwidth = c.memory_bandwidth;
     c.host_memory_bytes = c.memory_bytes;
+    c.host_is_device_memory = true;
     c.overlap_communication = false;
     c.bytes_per_value = 4;
     return c;
@@ -296,8 +297,8 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   }
   if (p.sequence_parallel && p.tp == 1) return reject("sequence parallelism needs tp > 1");
   if (p.offload && p.zero < 2) return reject("offload needs ZeRO-2 or 3 (the optimizer steps on the host's shards)");
-  if (p.offload && !(p.offload_fraction > 0 && p.offload_fraction <= 1)) {
-    why << "the offload fraction must be in (0, 1], got " << p.offload_fraction;
+  if (p.offload && !(p.offload_fraction >= 0 && p.offload_fraction <= 1)) {
+    why << "the offload fraction must be in [0, 1], got " << p.offload_fraction;
     return reject(why.str());
   }
   if (p.fsdp_prefetch < 0) {
@@ -369,8 +370,9 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // offload the device keeps the parameters in the training dtype (stage 3 its shard;
   // stage 2 the gathered copy) and the host the master shard (FP32 training: the
   // parameter itself), the optimizer's state and the reduced gradients' shard.
+  // `stepped`: what the device's optimizer reads and writes (its share not offloaded).
   struct PerParameter {
-    double params = 0, grads = 0, optimizer = 0, host = 0;
+    double params = 0, grads = 0, optimizer = 0, host = 0, stepped = 0;
   };
   // Under a partial offload the shares mix (offload_fraction of them on the host). The
   // host holds the master (FP32 training: the parameter), the state and the gradient.
@@ -385,6 +387,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     x.grads = (1 - offloaded) * grad_b / (p.zero >= 2 ? z : 1);
     x.optimizer = (1 - offloaded) * optim_b / (p.zero >= 1 ? z : 1);
     x.host = offloaded * (host_per_parameter + (p.delayed_update ? grad_b : 0)) / z;
+    x.stepped = (1 - offloaded) * kept + x.grads + x.optimizer;
     return x;
   };
   const PerParameter dense_b = per_parameter(dense_shard), expert_b = per_parameter(expert_shard);
@@ -412,13 +415,13 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                             (ms.hidden_split * h + ms.ffn_split * (rows * f + shared_f)) / t + moe_values +
                             (p.cp > 1 ? ms.cp_split * h / t : 0) + (scores && !flash ? ms.scores * a * s / t : 0)) +
                      4 * ((flash ? ms.per_head * a / t : 0) + ms.scalars / whole +
-                          (moe ? ms.moe_router * experts + ms.moe_scalars + (p.ep > 1 ? ms.moe_ep_scalars : 0) : 0))) +
-           cast_weights * device_layer;
+                          (moe ? ms.moe_router * experts + ms.moe_scalars + (p.ep > 1 ? ms.moe_ep_scalars : 0) : 0)));
   };
+  const double cast_layer = cast_weights * device_layer;  // memory, not memory-bound traffic
   double per_layer = 0;
   switch (p.recompute) {
-    case Recompute::None: per_layer = layer_activations(true); break;
-    case Recompute::Selective: per_layer = layer_activations(false); break;
+    case Recompute::None: per_layer = layer_activations(true) + cast_layer; break;
+    case Recompute::Selective: per_layer = layer_activations(false) + cast_layer; break;
     case Recompute::Full: per_layer = tokens * bpv * ms.checkpointed_hidden * h / whole; break;
   }
   double in_flight = 1;  // micro-batches whose activations the first stage holds
@@ -450,7 +453,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
                                                        : pp * (1 + (pp - 1) / (pp * static_cast<double>(v)));
   }
   // Full recomputation rebuilds one layer at a time in backward.
-  const double rebuilt = p.recompute == Recompute::Full ? layer_activations(true) : 0;
+  const double rebuilt = p.recompute == Recompute::Full ? layer_activations(true) + cast_layer : 0;
   const double embedded = tokens * bpv * ms.outside_hidden * h / whole;
   const bool vocab_split = p.tp > 1 && p.loss_parallel;
   const double logits_bytes = tokens * (4 * ms.logits * vocab / (vocab_split ? t : 1) + 4 * ms.outside_scalars / whole);
@@ -487,7 +490,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     return most;
   };
   struct StageMemory {
-    double params, grads, optimizer, host, working_set, activations, transient, peak;
+    double params, grads, optimizer, host, stepped, working_set, activations, transient, peak;
   };
   auto stage = [&](double parameters, double flight, bool head) {
     StageMemory mem{};
@@ -496,6 +499,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
     mem.grads = dense * dense_b.grads + expert_params * expert_b.grads;
     mem.optimizer = dense * dense_b.optimizer + expert_params * expert_b.optimizer;
     mem.host = dense * dense_b.host + expert_params * expert_b.host;
+    mem.stepped = dense * dense_b.stepped + expert_params * expert_b.stepped;
     // ZeRO-3 keeps the layers outside the blocks (embedding, output layer) gathered, and
     // the units in the window (gathered_window); kept after forward, every block by
     // backward's start.
@@ -553,12 +557,16 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   e.activation_bytes = most.activations;
   e.transient_bytes = most.transient;
   e.memory_bytes = most.peak;
+  const double device_stepped = most.stepped;
   const double stage_params = std::max(first_params, last_params);
-  if (e.memory_bytes > cluster.memory_bytes) {
-    why << "needs " << gigabytes(e.memory_bytes) << " per device, has " << gigabytes(cluster.memory_bytes);
+  // Where the host is the device's own memory (a CPU), offload moves bytes within it.
+  const double device_total = e.memory_bytes + (cluster.host_is_device_memory ? e.host_bytes : 0);
+  if (device_total > cluster.memory_bytes) {
+    why << "needs " << gigabytes(device_total) << " per device, has " << gigabytes(cluster.memory_bytes);
     e.rejected = why.str();
     e.fits = false;
-  } else if (p.offload && cluster.host_memory_bytes > 0 && e.host_bytes > cluster.host_memory_bytes) {
+  } else if (p.offload && !cluster.host_is_device_memory && cluster.host_memory_bytes > 0 &&
+             e.host_bytes > cluster.host_memory_bytes) {
     why << "needs " << gigabytes(e.host_bytes) << " of host memory per device, has "
         << gigabytes(cluster.host_memory_bytes);
     e.rejected = why.str();
@@ -632,7 +640,8 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   const CostModel tp_link = link_for(p.tp);
   // Per layer and micro-batch: two all-reduces (or reduce-scatter + all-gather pairs,
   // the same bytes) in forward, two in backward, two more when forward is recomputed.
-  const double tp_calls = full ? 6 : 4;
+  // A shared expert is one more row-parallel reduction each way (again when recomputed).
+  const double tp_calls = (full ? 6 : 4) + (shared_f > 0 ? (full ? 3 : 2) : 0);
   const double activation_bytes = tokens * h * bpv;
   e.tp_seconds =
       p.tp > 1 ? m * layers_per_stage * tp_calls * tp_link.all_reduce(static_cast<int64_t>(activation_bytes), p.tp) : 0;
@@ -770,7 +779,7 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // (with offload, the host's at its bandwidth, the device's share on the device); on
   // the host, each of the stage's parameter tensors costs its own ops besides.
   e.optimizer_seconds =
-      (e.param_bytes + e.grad_bytes + e.optimizer_bytes) * 2 * (1 - offloaded) / cluster.memory_bandwidth +
+      device_stepped * 2 / cluster.memory_bandwidth +
       (p.offload ? e.host_bytes * host_stepped * 2 / cluster.host_memory_bandwidth : 0) +
       cluster.optimizer_tensor_seconds * (static_cast<double>(model.tensors_per_layer) * layers_per_stage +
                                           static_cast<double>(model.tensors_outside_layers));
@@ -882,7 +891,11 @@ PlanSearch search_plans(const ModelSpec& model, const ClusterSpec& cluster, int6
                                           .sequence_parallel = sp,
                                           .loss_parallel = options.loss_parallel,
                                           .fp32_gradients = options.fp32_gradients,
-                                          .offload = z.offload});
+                                          .offload = z.offload,
+                                          .offload_fraction = options.offload_fraction,
+                                          .fsdp_layer_units = options.fsdp_layer_units,
+                                          .fsdp_prefetch = options.fsdp_prefetch,
+                                          .reshard_after_forward = options.reshard_after_forward});
                   }
                 }
               }

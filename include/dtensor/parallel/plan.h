@@ -194,6 +194,9 @@ struct ClusterSpec {
   // the host memory's bandwidth (the optimizer steps there) and its bytes, each per
   // device (a node's host shared by its devices). 0: no host to offload to.
   double host_bandwidth = 0, host_memory_bandwidth = 0, host_memory_bytes = 0;
+  // The host is the device's own memory (a CPU: offload moves bytes within it), so a
+  // configuration fits when the device's and the host's bytes together do.
+  bool host_is_device_memory = false;
   // Host time per dispatched op (ModelSpec::ops_per_layer), on the critical path when
   // kernels run on the host (a measured profile, machine_profile.h). 0 for the GPU
   // presets: launches queue behind the kernels.
@@ -263,9 +266,10 @@ struct ParallelPlan {
   // its shard of the parameters in the training dtype (stage 2: the gathered copy).
   bool offload = false;
   // With offload, the share of the parameters whose optimizer side is on the host
-  // (Megatron-Core's --optimizer-offload-fraction); the rest keep their master, state
-  // and gradient shards on the device and step there. Taken as a continuous share
-  // (dtensor offloads whole FSDP units, the blocks from the first, up to the share).
+  // (Megatron-Core's --optimizer-offload-fraction; 0: none); the rest keep their
+  // master, state and gradient shards on the device and step there. Taken as a
+  // continuous share (dtensor offloads whole FSDP units, the blocks from the first, up
+  // to the share).
   double offload_fraction = 1;
   // With offload of every parameter: ZeRO-Offload's one-step delayed update, the host's
   // optimizer step of step k running beside step k + 1's forward and backward (hidden
@@ -327,6 +331,11 @@ struct PlanSearchOptions {
   bool check_memory = true;
   bool fp32_gradients = false;  // every configuration's (ParallelPlan::fp32_gradients)
   bool loss_parallel = true;    // every configuration's (ParallelPlan::loss_parallel)
+  // Every configuration's FSDP options and offload fraction (ParallelPlan's).
+  bool fsdp_layer_units = false;
+  int64_t fsdp_prefetch = 1;
+  bool reshard_after_forward = true;
+  double offload_fraction = 1;
   // Fix a degree (0: searched). A fixed pp may leave stages uneven (the heaviest sets
   // the pace); searched ones divide the layers, as Megatron requires. cp is searched up
   // to max_cp; ep over the divisors of dp and of the experts (1 for a dense model).

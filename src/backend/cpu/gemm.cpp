@@ -13,17 +13,21 @@
 // first call of each GEMM signature (dtype, transposes, batch, m, n, k, threads; the
 // sizes above 64 rounded up to four steps per octave, so that shapes which differ a
 // little, such as a mixture of experts' rows per expert, which change every step,
-// share one measurement instead of each paying for its own) runs every candidate route on the call's own operands into
-// a scratch output (one warm-up run each, then interleaved rounds, 4 to 16 of them so that each route is timed for
-// about 10 ms; the cost of a run is its CPU time over all threads, which other processes on the machine do not inflate)
-// and pins the signature to the cheapest; a route must beat the
-// default (OpenBLAS) by 5% to replace it. The real output is
-// always written by the chosen route, so results never depend on the order of calls,
-// and all ranks of a process share the table. A training step repeats a dozen
-// shapes, so tuning is a one-time cost of a few dozen GEMMs. Routes: F32 and F64
-// every engine that has the dtype; BF16 the engines with a native BF16 GEMM on this
-// CPU (AVX512-BF16 or AMX) and conversion to F32; F16 conversion to F32. GEMMs under
-// 2^18 multiply-adds are not tuned (the default route: their time is overhead).
+// share one measurement instead of each paying for its own) runs every candidate
+// route on the call's own operands into a scratch output (one warm-up run each, then
+// interleaved rounds, 4 to 16 of them so that each route is timed for about 10 ms;
+// the cost of a run is its CPU time over all threads, which other processes on the
+// machine do not inflate) and pins the signature to the cheapest; a route must beat
+// the default (OpenBLAS) by 5% to replace it. The real output is always written by
+// the chosen route, so the measured call's result is the one later calls of its
+// shape give, and all ranks of a process share the table. Which route a set of
+// nearby shapes gets can depend on which of them came first, as it can on the timing
+// noise: DTENSOR_GEMM_ENGINE pins one for the same bits across processes. A training
+// step repeats a dozen shapes, so tuning is a one-time cost of a few dozen GEMMs.
+// Routes: F32 and F64 every engine that has the dtype; BF16 the engines with a native
+// BF16 GEMM on this CPU (AVX512-BF16 or AMX) and conversion to F32; F16 conversion to
+// F32. GEMMs under 2^18 multiply-adds are not tuned (the default route: their time is
+// overhead).
 // DTENSOR_GEMM_ENGINE=openblas|onednn|blis pins one engine (reproducible numerics
 // for comparisons; a dtype it lacks falls back to OpenBLAS).
 //
