@@ -131,6 +131,14 @@ parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions op
   for (const char* p : {"q", "k", "v"}) plan.emplace_back(std::string("blocks.*.attn.") + p, ColwiseParallel{});
   plan.emplace_back("blocks.*.attn.out", RowwiseParallel{.output_layouts = out});
   if (sp) plan.emplace_back("blocks.*.norm2", SequenceParallel{});
+  // Megatron's MLP: its input replicated, up (and gate) column parallel, down row
+  // parallel into the block's output layout.
+  const auto dense_mlp = [&](const std::string& name) {
+    plan.emplace_back(name, PrepareModuleInput{.desired_input_layouts = Replicate()});
+    plan.emplace_back(name + ".up", ColwiseParallel{});
+    if (config.activation == nn::Activation::SwiGlu) plan.emplace_back(name + ".gate", ColwiseParallel{});
+    plan.emplace_back(name + ".down", RowwiseParallel{.output_layouts = out});
+  };
   if (config.moe_experts > 0) {
     // Every expert's hidden dim sharded (the router replicated): the experts' output is
     // summed over tp inside the layer; under sequence parallelism, scattered again.
@@ -140,16 +148,10 @@ parallel::ParallelizePlan gpt_tp_plan(const GPTConfig& config, GPTPlanOptions op
       // The shared expert as a dense MLP (Megatron-Core shards it so): its output reduced
       // to the block's output layout (scattered over the sequence with sequence
       // parallelism), and added to the routed experts' output there.
-      plan.emplace_back("blocks.*.moe.shared", PrepareModuleInput{.desired_input_layouts = Replicate()});
-      plan.emplace_back("blocks.*.moe.shared.up", ColwiseParallel{});
-      if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.moe.shared.gate", ColwiseParallel{});
-      plan.emplace_back("blocks.*.moe.shared.down", RowwiseParallel{.output_layouts = out});
+      dense_mlp("blocks.*.moe.shared");
     }
   } else {
-    plan.emplace_back("blocks.*.mlp", PrepareModuleInput{.desired_input_layouts = Replicate()});
-    plan.emplace_back("blocks.*.mlp.up", ColwiseParallel{});
-    if (config.activation == nn::Activation::SwiGlu) plan.emplace_back("blocks.*.mlp.gate", ColwiseParallel{});
-    plan.emplace_back("blocks.*.mlp.down", RowwiseParallel{.output_layouts = out});
+    dense_mlp("blocks.*.mlp");
   }
   const Placement logits = options.loss_parallel ? Placement(Shard(-1)) : Placement(Replicate());
   if (sp) plan.emplace_back("norm", SequenceParallel{});

@@ -91,10 +91,10 @@ int64_t attention_matrices(const ModelSpec& m) {
   const int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
   return 2 * m.hidden * m.hidden + 2 * m.hidden * (m.hidden / m.heads) * kv;
 }
-int64_t mlp_matrices(const ModelSpec& m) { return (m.gated_mlp ? 3 : 2) * m.hidden * m.ffn(); }
-int64_t shared_expert_matrices(const ModelSpec& m) {
-  return m.experts > 0 ? (m.gated_mlp ? 3 : 2) * m.hidden * m.shared_expert_ffn : 0;
-}
+// An MLP's of hidden width `width` (default: the model's ffn).
+int64_t mlp_matrices(const ModelSpec& m, int64_t width) { return (m.gated_mlp ? 3 : 2) * m.hidden * width; }
+int64_t mlp_matrices(const ModelSpec& m) { return mlp_matrices(m, m.ffn()); }
+int64_t shared_expert_matrices(const ModelSpec& m) { return m.experts > 0 ? mlp_matrices(m, m.shared_expert_ffn) : 0; }
 }  // namespace
 
 int64_t ModelSpec::layer_parameters() const {
@@ -601,13 +601,13 @@ PlanEstimate estimate_plan(const ModelSpec& model, const ClusterSpec& cluster, i
   // queries against each of the cp ranks' keys in turn).
   const double qkv = model.fused_qkv ? gemm_seconds_of(tokens, (h + 2 * kv * hd) / t, h)
                                      : gemm_seconds_of(tokens, h / t, h) + 2 * gemm_seconds_of(tokens, kv * hd / t, h);
-  const double layer_dense = qkv + gemm_seconds_of(tokens, h, h / t) +
-                             local_experts * ((model.gated_mlp ? 2 : 1) * gemm_seconds_of(routed, f / t, h) +
-                                              gemm_seconds_of(routed, h, f / t)) +
+  // An MLP's GEMMs on `rows` tokens at hidden width `width` (split by tp).
+  auto mlp_gemm_seconds = [&](double rows_in, double width) {
+    return (model.gated_mlp ? 2 : 1) * gemm_seconds_of(rows_in, width / t, h) + gemm_seconds_of(rows_in, h, width / t);
+  };
+  const double layer_dense = qkv + gemm_seconds_of(tokens, h, h / t) + local_experts * mlp_gemm_seconds(routed, f) +
                              (moe ? gemm_seconds_of(tokens, experts, h) : 0) +
-                             (shared_f > 0 ? (model.gated_mlp ? 2 : 1) * gemm_seconds_of(tokens, shared_f / t, h) +
-                                                 gemm_seconds_of(tokens, h, shared_f / t)
-                                           : 0);
+                             (shared_f > 0 ? mlp_gemm_seconds(tokens, shared_f) : 0);
   const double layer_attention = b * a / t * cp * 2 * gemm_seconds_of(s / cp, s / cp, hd);
   const double dense_passes = full ? 4 : 3;
   const double attention_passes = full || p.recompute == Recompute::Selective ? 4 : 3;
