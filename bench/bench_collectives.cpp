@@ -48,9 +48,7 @@ double bus_factor(Coll c, int n) { return (c == Coll::AllReduce ? 2.0 : 1.0) * (
 // Enough calls for a stable figure without letting 64 MiB runs dominate. Every
 // figure is the best of kTrials averages: on a shared machine other jobs only
 // ever make a collective slower, so the minimum is the least noisy estimate.
-int iterations(int64_t bytes) {
-  return static_cast<int>(std::clamp<int64_t>((96LL << 20) / bytes, 3, 100));
-}
+int iterations(int64_t bytes) { return static_cast<int>(std::clamp<int64_t>((96LL << 20) / bytes, 3, 100)); }
 // The same for every column: the 5% target is finer than this machine's run-to-run
 // noise, and raw MPI against the mpi backend also alternates within every trial.
 constexpr int kTrials = 7;
@@ -81,12 +79,8 @@ void run_raw(Coll c, MPI_Comm comm, int n, Buffers& b) {
   const int out = static_cast<int>(b.out.numel());
   const int in = static_cast<int>(b.in.numel());
   switch (c) {
-    case Coll::AllReduce:
-      MPI_Allreduce(b.in.data_ptr(), b.out.data_ptr(), in, MPI_FLOAT, MPI_SUM, comm);
-      break;
-    case Coll::AllGather:
-      MPI_Allgather(b.in.data_ptr(), in, MPI_FLOAT, b.out.data_ptr(), in, MPI_FLOAT, comm);
-      break;
+    case Coll::AllReduce: MPI_Allreduce(b.in.data_ptr(), b.out.data_ptr(), in, MPI_FLOAT, MPI_SUM, comm); break;
+    case Coll::AllGather: MPI_Allgather(b.in.data_ptr(), in, MPI_FLOAT, b.out.data_ptr(), in, MPI_FLOAT, comm); break;
     case Coll::ReduceScatter:
       MPI_Reduce_scatter_block(b.in.data_ptr(), b.out.data_ptr(), out, MPI_FLOAT, MPI_SUM, comm);
       break;
@@ -284,8 +278,9 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     std::printf("# bench_collectives: F32 sum, out of place; times in us, bandwidths in GB/s\n");
     std::printf("# %d MPI processes, %u hardware threads\n\n", procs, std::thread::hardware_concurrency());
-    std::printf("| collective | n | size | raw MPI us | raw busbw | mpi us | mpi busbw | mpi/raw time "
-                "| threads us | threads busbw | threads/raw busbw | memcpy GB/s |\n");
+    std::printf(
+        "| collective | n | size | raw MPI us | raw busbw | mpi us | mpi busbw | mpi/raw time "
+        "| threads us | threads busbw | threads/raw busbw | memcpy GB/s |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   for (int n : worlds) {
@@ -302,8 +297,8 @@ int main(int argc, char** argv) {
           for (size_t s = 0; s < sizes.size(); ++s) {
             Buffers b(c, sizes[s], n);
             const int iters = iterations(sizes[s]);
-            const auto [raw_s, mpi_s] = time_mpi_pair(raw, iters, [&] { run_raw(c, raw, n, b); },
-                                                      [&] { run_dtensor(c, group, b); });
+            const auto [raw_s, mpi_s] = time_mpi_pair(
+                raw, iters, [&] { run_raw(c, raw, n, b); }, [&] { run_dtensor(c, group, b); });
             rows[static_cast<int>(c)][s].raw = raw_s;
             rows[static_cast<int>(c)][s].mpi = mpi_s;
           }
@@ -329,9 +324,9 @@ int main(int argc, char** argv) {
         const Row& r = rows[static_cast<int>(c)][s];
         const double bytes = static_cast<double>(sizes[s]);
         auto busbw = [&](double t) { return t > 0 ? bytes / t / 1e9 * bus_factor(c, n) : 0.0; };
-        std::printf("| %s | %d | %s | %.1f | %.2f | %.1f | %.2f | %.3f | %.1f | %.2f | %.2f | %.2f |\n",
-                    name(c), n, size_label(sizes[s]).c_str(), r.raw * 1e6, busbw(r.raw), r.mpi * 1e6,
-                    busbw(r.mpi), r.raw > 0 ? r.mpi / r.raw : 0.0, r.thr * 1e6, busbw(r.thr),
+        std::printf("| %s | %d | %s | %.1f | %.2f | %.1f | %.2f | %.3f | %.1f | %.2f | %.2f | %.2f |\n", name(c), n,
+                    size_label(sizes[s]).c_str(), r.raw * 1e6, busbw(r.raw), r.mpi * 1e6, busbw(r.mpi),
+                    r.raw > 0 ? r.mpi / r.raw : 0.0, r.thr * 1e6, busbw(r.thr),
                     r.raw > 0 ? busbw(r.thr) / busbw(r.raw) : 0.0, memcpy_gbps(sizes[s]));
       }
     }

@@ -65,8 +65,9 @@ DistTensor slice_normalized(const DistTensor& a, int64_t dim, const SliceBounds&
   Shape out_shape = a.shape();
   out_shape[dim] = b.length;
   const dispatch::EinsumSpec spec = along_dim_spec(a.dim(), dim, 1, dispatch::PartialRule::OneOf);
-  DistTensor out = ops::run_einsum("slice", {dim, b.start, b.end, b.step}, {a}, spec, out_shape,
-                                   [dim, b](const std::vector<Tensor>& l) { return l[0].slice(dim, b.start, b.end, b.step); });
+  DistTensor out =
+      ops::run_einsum("slice", {dim, b.start, b.end, b.step}, {a}, spec, out_shape,
+                      [dim, b](const std::vector<Tensor>& l) { return l[0].slice(dim, b.start, b.end, b.step); });
   if (!autograd::needs_grad({a})) return out;
   const Shape input_shape = a.shape();
   return ops::with_grad(out, "slice", {a}, [input_shape, dim, b](const Grads& g) {
@@ -88,9 +89,8 @@ DistTensor slice_backward(const DistTensor& grad, const Shape& input_shape, int6
                                      return zeros;
                                    });
   if (!autograd::needs_grad({grad})) return out;
-  return ops::with_grad(out, "slice_backward", {grad}, [dim, b](const Grads& g) {
-    return Grads{slice_normalized(g[0], dim, b)};
-  });
+  return ops::with_grad(out, "slice_backward", {grad},
+                        [dim, b](const Grads& g) { return Grads{slice_normalized(g[0], dim, b)}; });
 }
 
 // split and chunk: one op with several outputs, each a local view of its piece.

@@ -81,7 +81,8 @@ TEST(GemmEngines, RepeatedMatmulGivesTheSameBitsAndReportsItsRoute) {
   const Tensor first = matmul(a, b);
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(allclose(matmul(a, b), first, 0, 0)) << "call " << i;
   bool reported = false;
-  for (const std::string& line : dtensor::cpu::gemm_choices()) reported = reported || line.find("130x70x96") != std::string::npos;
+  for (const std::string& line : dtensor::cpu::gemm_choices())
+    reported = reported || line.find("130x70x96") != std::string::npos;
   EXPECT_TRUE(reported);
   EXPECT_NE(dtensor::cpu::summary().find("OpenBLAS"), std::string::npos);
 }
@@ -141,9 +142,10 @@ TEST(ThreadPool, CoversEveryIndexOnceAndRethrows) {
     parallel_chunks_for(n, 16, [&](int c, int64_t b, int64_t) { begins[static_cast<size_t>(c)] = b; });
     for (int c = 0; c < chunks && n > 0; ++c) EXPECT_EQ(begins[static_cast<size_t>(c)], c * n / chunks);
   }
-  EXPECT_THROW(parallel_run(8, [](int t) {
-                 if (t == 5) throw std::runtime_error("task 5");
-               }),
+  EXPECT_THROW(parallel_run(8,
+                            [](int t) {
+                              if (t == 5) throw std::runtime_error("task 5");
+                            }),
                std::runtime_error);
   // Nested regions run inline on the task's thread.
   std::atomic<int> inner{0};

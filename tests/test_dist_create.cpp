@@ -12,9 +12,9 @@
 namespace dtensor {
 namespace {
 
+using mesh_index::coordinate_of;
 using testing::at;
 using testing::for_each_index;
-using mesh_index::coordinate_of;
 
 struct MeshCase {
   Shape shape;
@@ -23,8 +23,8 @@ struct MeshCase {
 
 const std::vector<MeshCase>& mesh_cases() {
   static const std::vector<MeshCase> cases{
-      {{1}, {"x"}}, {{2}, {"x"}}, {{3}, {"x"}}, {{4}, {"x"}}, {{5}, {"x"}},
-      {{2, 2}, {"dp", "tp"}}, {{2, 3}, {"dp", "tp"}}, {{2, 2, 2}, {"pp", "dp", "tp"}}};
+      {{1}, {"x"}}, {{2}, {"x"}},           {{3}, {"x"}},           {{4}, {"x"}},
+      {{5}, {"x"}}, {{2, 2}, {"dp", "tp"}}, {{2, 3}, {"dp", "tp"}}, {{2, 2, 2}, {"pp", "dp", "tp"}}};
   return cases;
 }
 
@@ -94,8 +94,8 @@ std::string block_mismatch(const Tensor& local, const Tensor& full, const Device
     for (size_t d = 0; d < i.size(); ++d) g[d] = block[d].offset + i[d];
     const double want = zero ? 0.0 : at(full, g);
     if (at(local, i) != want) {
-      error = "element " + shape_to_string(Shape(g.begin(), g.end())) + " is " +
-              std::to_string(at(local, i)) + ", expected " + std::to_string(want);
+      error = "element " + shape_to_string(Shape(g.begin(), g.end())) + " is " + std::to_string(at(local, i)) +
+              ", expected " + std::to_string(want);
     }
   });
   return error;
@@ -169,12 +169,13 @@ TEST(DistCreate, ConstantFactoriesFollowThePartialRule) {
     const Shape shape{7, 5};
     for (const Placements& placements : placement_lists(mesh.shape().size(), shape.size())) {
       const Placements normalized = validate_placements(placements, mesh.ndim(), 2, "test");
-      ASSERT_EQ(block_mismatch(full(shape, 2.5, mesh, placements).to_local(), Tensor::full(shape, 2.5), mesh,
-                               normalized), "") << where(mesh, shape, placements);
-      ASSERT_EQ(block_mismatch(ones(shape, mesh, placements, DType::I64).to_local(),
-                               Tensor::ones(shape, DType::I64), mesh, normalized), "");
-      ASSERT_EQ(block_mismatch(zeros(shape, mesh, placements).to_local(), Tensor::zeros(shape), mesh,
-                               normalized), "");
+      ASSERT_EQ(
+          block_mismatch(full(shape, 2.5, mesh, placements).to_local(), Tensor::full(shape, 2.5), mesh, normalized), "")
+          << where(mesh, shape, placements);
+      ASSERT_EQ(block_mismatch(ones(shape, mesh, placements, DType::I64).to_local(), Tensor::ones(shape, DType::I64),
+                               mesh, normalized),
+                "");
+      ASSERT_EQ(block_mismatch(zeros(shape, mesh, placements).to_local(), Tensor::zeros(shape), mesh, normalized), "");
       const DistTensor e = empty(shape, mesh, placements, DType::F64);
       EXPECT_EQ(e.dtype(), DType::F64);
       EXPECT_EQ(e.to_local().shape(), local_shape(shape, mesh.shape(), normalized, mesh.coordinate()));
@@ -237,13 +238,11 @@ TEST(DistCreate, FromLocalRejectsDisagreeingPieces) {
                      "[from_local] local shapes do not follow the chunk rule for 'S(0)': mesh rank 0 at "
                      "coordinate [0] has [1, 3], but a global shape of [7, 3] gives it [2, 3]");
     // A dim nobody shards must agree.
-    EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros({2, 3 + (r == 2)}), mesh, {Shard(0)}),
-                     std::invalid_argument,
+    EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros({2, 3 + (r == 2)}), mesh, {Shard(0)}), std::invalid_argument,
                      "dim 1 is not sharded by 'S(0)' but its local size differs across mesh ranks: [3, 3, 4, 3]");
     EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros(r == 3 ? Shape{2} : Shape{2, 1}), mesh, {Shard(0)}),
                      std::invalid_argument, "different numbers of dims: mesh rank 0 has 2, mesh rank 3 has 1");
-    EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros({2}, r == 1 ? DType::F64 : DType::F32), mesh,
-                                            {Replicate()}),
+    EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros({2}, r == 1 ? DType::F64 : DType::F32), mesh, {Replicate()}),
                      std::invalid_argument, "different dtypes: mesh rank 0 has f32, mesh rank 1 has f64");
     // With the global shape: this rank's piece is checked against the chunk rule.
     EXPECT_THROW_MSG(DistTensor::from_local(Tensor::zeros({3, 5}), mesh, {Shard(0)}, Shape{5, 5}),

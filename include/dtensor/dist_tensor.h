@@ -38,10 +38,8 @@ class DistTensor {
   // Wraps this rank's piece. Without `global_shape` the shape is inferred with one
   // all-gather of the local sizes (never by assuming even shards); with it, the
   // local shape is checked against the chunk rule.
-  static DistTensor from_local(const Tensor& local, const DeviceMesh& mesh,
-                               const Placements& placements,
-                               const std::optional<Shape>& global_shape = std::nullopt,
-                               FromLocalOptions options = {});
+  static DistTensor from_local(const Tensor& local, const DeviceMesh& mesh, const Placements& placements,
+                               const std::optional<Shape>& global_shape = std::nullopt, FromLocalOptions options = {});
 
   // ---- the local boundary, with autograd ------------------------------------------
   // This rank's piece as a tensor of its own: a DistTensor on local_mesh() whose
@@ -54,8 +52,7 @@ class DistTensor {
   // as_local() pieces) as this rank's piece on `mesh`. Recorded: the gradient is
   // moved to `placements` (Partial as Replicate) and its local piece flows back.
   static DistTensor from_local(const DistTensor& local, const DeviceMesh& mesh, const Placements& placements,
-                               const std::optional<Shape>& global_shape = std::nullopt,
-                               FromLocalOptions options = {});
+                               const std::optional<Shape>& global_shape = std::nullopt, FromLocalOptions options = {});
 
   bool defined() const { return impl_ != nullptr; }
   const Tensor& to_local() const;
@@ -85,7 +82,7 @@ class DistTensor {
   bool requires_grad() const;
   // Marks a leaf as a parameter whose gradient accumulates into grad(). Returns *this.
   DistTensor& set_requires_grad(bool enabled = true);
-  bool is_leaf() const;  // not produced by a recorded op
+  bool is_leaf() const;     // not produced by a recorded op
   DistTensor grad() const;  // undefined until a backward reaches this leaf
   void set_grad(const DistTensor& grad) const;
   void zero_grad() const;  // drops the gradient
@@ -140,8 +137,7 @@ DistTensor distribute(const Tensor& full, const DeviceMesh& mesh, const Placemen
 // dtype and device come from the source (one broadcast, then one message per rank
 // that holds a non-empty, non-zero piece); a GPU source gives each rank a piece on
 // its own GPU under nccl (Group::device()), on the source's GPU otherwise.
-DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Placements& placements,
-                           int64_t source);
+DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Placements& placements, int64_t source);
 
 // Factories on a mesh. Each rank creates only its piece, on `device`; randn/rand give
 // the same global tensor for every mesh, placement and device (element i uses Philox
@@ -163,7 +159,6 @@ DistTensor rand(const Shape& shape, const DeviceMesh& mesh, const Placements& pl
 // A text picture of which rank holds which block of the global tensor (1-D, 2-D
 // and 3-D meshes; uneven shards show their sizes). Needs no communication.
 std::string visualize_sharding(const DistTensor& t);
-std::string visualize_sharding(const Shape& shape, const DeviceMesh& mesh,
-                               const Placements& placements);
+std::string visualize_sharding(const Shape& shape, const DeviceMesh& mesh, const Placements& placements);
 
 }  // namespace dtensor

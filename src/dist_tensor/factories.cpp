@@ -29,8 +29,8 @@ DistTensor wrap(Tensor local, const DeviceMesh& mesh, Placements normalized, Sha
 }
 
 void check_member(const DeviceMesh& mesh, const char* op) {
-  DT_CHECK_ARG(mesh.defined() && mesh.is_member(), op, "this rank is not in mesh ",
-               mesh.to_string(), "; only mesh ranks hold a DistTensor");
+  DT_CHECK_ARG(mesh.defined() && mesh.is_member(), op, "this rank is not in mesh ", mesh.to_string(),
+               "; only mesh ranks hold a DistTensor");
 }
 
 // On a rank outside the mesh: the tensor exists (shape, dtype, placements) but holds
@@ -101,15 +101,13 @@ constexpr int64_t kTooManyDims = -2;
 constexpr int kDistributeTag = 0x4454;  // "DT": keeps these messages apart from user tags
 }  // namespace
 
-DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Placements& placements,
-                           int64_t source) {
+DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Placements& placements, int64_t source) {
   const char* op = "distribute_from";
   check_member(mesh, op);
-  DT_CHECK_ARG(source >= 0 && source < mesh.size(), op, "source ", source,
-               " is not a mesh index of mesh ", mesh.to_string(), ": expected [0, ", mesh.size(), ")");
+  DT_CHECK_ARG(source >= 0 && source < mesh.size(), op, "source ", source, " is not a mesh index of mesh ",
+               mesh.to_string(), ": expected [0, ", mesh.size(), ")");
   DT_CHECK_ARG(static_cast<int64_t>(placements.size()) == mesh.ndim(), op, "expected ", mesh.ndim(),
-               " placements (one per mesh dim), got ", placements.size(), ": '",
-               placements_to_string(placements), "'");
+               " placements (one per mesh dim), got ", placements.size(), ": '", placements_to_string(placements), "'");
   const Group& group = mesh.group();  // its rank r is mesh index r
   const bool is_source = mesh.linear_index() == source;
 
@@ -130,10 +128,8 @@ DistTensor distribute_from(const Tensor& full, const DeviceMesh& mesh, const Pla
   }
   broadcast_(group, header, static_cast<int>(source));
   const int64_t* h = header.data<int64_t>();
-  DT_CHECK_ARG(h[0] != kUndefinedSource, op, "the source (mesh index ", source,
-               ") passed an undefined tensor");
-  DT_CHECK_SUPPORTED(h[0] != kTooManyDims, op, "supports tensors of up to ", kMaxDims,
-                     " dims; the source's has more");
+  DT_CHECK_ARG(h[0] != kUndefinedSource, op, "the source (mesh index ", source, ") passed an undefined tensor");
+  DT_CHECK_SUPPORTED(h[0] != kTooManyDims, op, "supports tensors of up to ", kMaxDims, " dims; the source's has more");
   const auto dtype = static_cast<DType>(h[0]);
   const Shape shape(h + kSizes, h + kSizes + h[1]);
   // The pieces go where the source's tensor is: the same CPU device, or a GPU (on
@@ -200,8 +196,7 @@ DistTensor make_local(const Shape& shape, const DeviceMesh& mesh, const Placemen
 // innermost dim is a run of consecutive global indices, so the loop walks the
 // outer dims with an odometer and fills each run directly.
 template <float (*Draw)(uint64_t, uint64_t)>
-Tensor random_block(const Shape& global_shape, const std::vector<Range>& block, uint64_t seed,
-                    DType dtype) {
+Tensor random_block(const Shape& global_shape, const std::vector<Range>& block, uint64_t seed, DType dtype) {
   Tensor out = Tensor::empty(lengths(block), DType::F32);
   float* p = out.data<float>();
   const int64_t numel = out.numel();

@@ -20,8 +20,8 @@ void check_operands(const Tensor& q, const Tensor& k, const Tensor& v, const cha
   DT_CHECK_ARG(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, op, "expected q, k, v of shape [..., S, D], got ",
                q.shape(), ", ", k.shape(), ", ", v.shape());
   DT_CHECK_ARG(q.dtype() == k.dtype() && k.dtype() == v.dtype() && is_floating(q.dtype()), op,
-               "expected q, k, v of one floating dtype, got ", dtype_name(q.dtype()), ", ", dtype_name(k.dtype()),
-               ", ", dtype_name(v.dtype()));
+               "expected q, k, v of one floating dtype, got ", dtype_name(q.dtype()), ", ", dtype_name(k.dtype()), ", ",
+               dtype_name(v.dtype()));
   DT_CHECK_ARG(q.device() == k.device() && k.device() == v.device(), op, "expected q, k, v on one device");
   const Shape lead(q.shape().begin(), q.shape().end() - 2);
   DT_CHECK_ARG(q.dim() == k.dim() && q.dim() == v.dim() && Shape(k.shape().begin(), k.shape().end() - 2) == lead &&
@@ -29,8 +29,8 @@ void check_operands(const Tensor& q, const Tensor& k, const Tensor& v, const cha
                op, "expected q, k, v with the same leading dims, got ", q.shape(), ", ", k.shape(), ", ", v.shape());
   DT_CHECK_ARG(q.size(-1) == k.size(-1), op, "expected q and k with one head dim, got q ", q.shape(), " and k ",
                k.shape());
-  DT_CHECK_ARG(k.size(-2) == v.size(-2), op, "expected k and v with one sequence length, got k ", k.shape(),
-               " and v ", v.shape());
+  DT_CHECK_ARG(k.size(-2) == v.size(-2), op, "expected k and v with one sequence length, got k ", k.shape(), " and v ",
+               v.shape());
 }
 
 double scale_of(const Tensor& q, std::optional<double> scale) {
@@ -63,8 +63,8 @@ AttentionResult attention_f64(const Tensor& q, const Tensor& k, const Tensor& v,
   return {matmul(p, v), lse.squeeze(-1).to(DType::F32)};
 }
 
-AttentionGrads attention_backward_f64(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
-                                      bool causal, double scale) {
+AttentionGrads attention_backward_f64(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                      double scale) {
   const Tensor scores = masked_scores(q, k, causal, scale);
   const Tensor p = softmax(scores, -1);
   const Tensor dp = matmul(g, v.transpose(-1, -2));

@@ -169,8 +169,8 @@ struct ModelSpec {
                          int64_t seq, int64_t vocab);
 
   int64_t ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * hidden; }
-  int64_t parameters() const;        // all of them
-  int64_t layer_parameters() const;  // one block's (all experts)
+  int64_t parameters() const;               // all of them
+  int64_t layer_parameters() const;         // one block's (all experts)
   int64_t layer_expert_parameters() const;  // of those, the experts' (split by expert parallelism; 0: dense)
   // Training FLOPs (forward + backward) of one sequence; with full recomputation the
   // layers' forward runs twice.
@@ -242,7 +242,7 @@ struct ParallelPlan {
   // as Megatron-Core and DeepSpeed carve it), the tokens sent to their experts' ranks
   // by all-to-alls; the experts' gradients reduced over dp x cp / ep.
   int64_t ep = 1;
-  int zero = 0;               // 0: DDP (or Megatron's replicated optimizer), 1-3: ZeRO stage over dp
+  int zero = 0;  // 0: DDP (or Megatron's replicated optimizer), 1-3: ZeRO stage over dp
   // HSDP (hybrid sharding, ZeRO++'s hpZ, Megatron's distributed optimizer instances):
   // ZeRO shards over groups of this many ranks, and the groups, replicas of each
   // other, all-reduce their reduced shards. 0: over the whole group (dp x cp, or
